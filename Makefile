@@ -1,0 +1,43 @@
+# Two commands for a fresh machine (see README):
+#   make demo   runs `kernelfleet optimize` on the bundled examples, on the local CPU or GPU
+#   make test   runs every test tier that needs no GPU: unit, integration, e2e
+# Both install what they need into .venv and reuse what is already there.
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+BINDIR := $(shell scripts/build-test-binaries.sh --print-dir)
+# The CPU build of torch is enough for the tests and the demo; the pin matches the GPU machine.
+TORCH  ?= torch==2.11.0
+
+.PHONY: install binaries demo test test-unit lint gpu-check clean
+
+$(STAMP): pyproject.toml core/pyproject.toml evaluator/pyproject.toml trainer/pyproject.toml operator/pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q -e ./core -e ./evaluator -e ./trainer -e ./operator -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+binaries:
+	scripts/build-test-binaries.sh
+
+demo: install
+	$(VENV)/bin/kernelfleet optimize examples/tasks --policy compile --policy replay:examples/candidates.jsonl --rounds 2
+
+test: install binaries
+	KERNELFLEET_BIN_DIR=$(BINDIR) $(PY) -m pytest -m "not gpu" tests
+
+test-unit: install
+	$(PY) -m pytest -m unit tests
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+clean:
+	rm -rf $(VENV) .kernelfleet .pytest_cache .mypy_cache .ruff_cache

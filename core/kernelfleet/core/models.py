@@ -1,0 +1,137 @@
+"""The API models that the evaluator, the trainer, the operator and the store share.
+
+They are frozen pydantic models: values that travel between processes, pods and the store
+as JSON, never engines. A result is keyed by (task hash, variant hash, GPU class, evaluator
+version), so the same code is never evaluated twice on the same hardware.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, computed_field
+
+from kernelfleet.core.hashing import normalize_source, source_hash
+
+
+class Frozen(BaseModel):
+    """Base for every shared value: immutable, and strict about unknown fields."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Task(Frozen):
+    """A KernelBench-format workload: a module defining `Model`, `get_inputs`, `get_init_inputs`."""
+
+    name: str = Field(description="Human-readable name, unique within a run, e.g. '1_12_diag_matmul'.")
+    code: str = Field(description="Python source of the reference module.")
+    level: int | None = Field(default=None, description="KernelBench level, when the task comes from it.")
+    task_id: int | None = Field(default=None, description="KernelBench problem id within its level.")
+    source: str = Field(default="", description="Where the task was loaded from (path or selection).")
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def hash(self) -> str:
+        return source_hash(self.code)
+
+
+class Variant(Frozen):
+    """One candidate implementation of a task: a module defining `ModelNew`."""
+
+    code: str
+    policy: str = Field(default="", description="Which policy wrote it ('compile', 'replay', 'openai', ...).")
+    parent_hashes: tuple[str, ...] = Field(default=(), description="Exemplars shown in its prompt.")
+    note: str = Field(default="", description="The policy's own analysis, kept for the report.")
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def hash(self) -> str:
+        return source_hash(self.code)
+
+    @property
+    def normalized_code(self) -> str:
+        return normalize_source(self.code)
+
+
+class Verdict(enum.StrEnum):
+    CORRECT = "correct"
+    INCORRECT = "incorrect"
+    COMPILE_ERROR = "compile_error"
+    RUNTIME_ERROR = "runtime_error"
+    TIMEOUT = "timeout"
+    REJECTED = "rejected"
+
+
+class Timing(Frozen):
+    """Milliseconds per call over `trials` timed runs."""
+
+    median_ms: float
+    mean_ms: float
+    min_ms: float
+    max_ms: float
+    iqr_ms: float = Field(description="Interquartile range: the spread that the variance gate reads.")
+    trials: int
+
+
+class Environment(Frozen):
+    """Where a result was measured. Results from different environments are never compared."""
+
+    device: str = Field(description="Device name as the runtime reports it, e.g. 'NVIDIA H200' or 'cpu'.")
+    gpu_class: str = Field(description="Pool class ('h100', 'a100', ...), 'cpu' on the CPU.")
+    driver: str = ""
+    torch: str = ""
+    cuda: str = ""
+    evaluator_version: str = ""
+    host: str = ""
+
+
+class EvaluationResult(Frozen):
+    """The judgement of one variant of one task on one kind of device."""
+
+    task_hash: str
+    variant_hash: str
+    verdict: Verdict
+    reasons: tuple[str, ...] = ()
+    reference: Timing | None = None
+    candidate: Timing | None = None
+    speedup: float | None = Field(default=None, description="reference median / candidate median.")
+    flagged_for_review: bool = Field(default=False, description="Speedup above the review ceiling.")
+    max_abs_error: float | None = None
+    environment: Environment
+    profile: str = "strict"
+    seconds: float = Field(default=0.0, description="Wall time the evaluation took.")
+    log: str = Field(default="", description="Compiler or runtime output worth keeping (truncated).")
+
+    @property
+    def key(self) -> ResultKey:
+        return ResultKey(
+            task_hash=self.task_hash,
+            variant_hash=self.variant_hash,
+            gpu_class=self.environment.gpu_class,
+            evaluator_version=self.environment.evaluator_version,
+        )
+
+    @property
+    def reference_ms(self) -> float | None:
+        return self.reference.median_ms if self.reference else None
+
+    @property
+    def candidate_ms(self) -> float | None:
+        return self.candidate.median_ms if self.candidate else None
+
+
+class ResultKey(Frozen):
+    task_hash: str
+    variant_hash: str
+    gpu_class: str
+    evaluator_version: str
+
+    def path(self) -> str:
+        """The key's place in the store, relative to a run's root."""
+        return (
+            f"results/{self.task_hash[:16]}/{self.gpu_class}/{self.evaluator_version}/{self.variant_hash}.json"
+        )
+
+
+PositiveInt = Annotated[int, Field(gt=0)]

@@ -1,0 +1,126 @@
+"""Fixtures for every tier. Servers are real (see tests/_servers) and start only when a test
+asks for them, so the unit tier needs no binaries at all."""
+
+from __future__ import annotations
+
+import secrets
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests._servers._process import remove_tree
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def server_root() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="kernelfleet-servers-"))
+    yield path
+    remove_tree(path)
+
+
+# ---------------------------------------------------------------- MinIO
+
+
+@pytest.fixture(scope="session")
+def minio_server(server_root: Path) -> Iterator[object]:
+    from tests._servers.minio import MinioServer
+
+    server = MinioServer(server_root / "minio")
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def minio(minio_server: object) -> object:
+    """A running MinIO server and a fresh, empty bucket for this test."""
+    from tests._servers.minio import fresh_bucket
+
+    return fresh_bucket(minio_server)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def minio_private(tmp_path: Path) -> Iterator[object]:
+    """A MinIO server of this test's own, which the test may stop and start again."""
+    from tests._servers.minio import MinioServer, fresh_bucket
+
+    server = MinioServer(tmp_path / "minio")
+    server.start()
+    yield fresh_bucket(server)
+    server.stop()
+
+
+# ---------------------------------------------------------------- Kubernetes
+
+
+class Kube:
+    """What a test gets from `kube` or `cluster`: a kubeconfig, clients, and its own namespace."""
+
+    def __init__(self, plane: object, namespace: str) -> None:
+        from kubernetes import client, config
+
+        self.plane = plane
+        self.kubeconfig: Path = plane.kubeconfig  # type: ignore[attr-defined]
+        self.namespace = namespace
+        self.api_client = config.new_client_from_config(config_file=str(self.kubeconfig))
+        self.core = client.CoreV1Api(self.api_client)
+        self.batch = client.BatchV1Api(self.api_client)
+        self.apiextensions = client.ApiextensionsV1Api(self.api_client)
+        self.custom = client.CustomObjectsApi(self.api_client)
+
+
+@pytest.fixture(scope="session")
+def kube_plane(server_root: Path) -> Iterator[object]:
+    from tests._servers.kube import ControlPlane
+
+    plane = ControlPlane.start(server_root / "kube")
+    yield plane
+    plane.stop()
+
+
+@pytest.fixture(scope="session")
+def cluster_plane(server_root: Path) -> Iterator[object]:
+    """A whole cluster with fake GPU nodes. Separate from `kube_plane` so that the integration
+    tier never pays for the scheduler, the controllers and kwok."""
+    from kubernetes import client, config
+
+    from tests._servers.kube import GPU_POOLS, ControlPlane, gpu_node_manifest
+
+    plane = ControlPlane.start(server_root / "cluster")
+    try:
+        plane.add_cluster_components()
+        core = client.CoreV1Api(config.new_client_from_config(config_file=str(plane.kubeconfig)))
+        for pool in GPU_POOLS:
+            for index in range(2):
+                core.create_node(gpu_node_manifest(pool, index))
+    except BaseException:
+        plane.stop()
+        raise
+    yield plane
+    plane.stop()
+
+
+def _namespaced(plane: object) -> Iterator[Kube]:
+    from kubernetes import client
+
+    kube = Kube(plane, "t-" + secrets.token_hex(4))
+    kube.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=kube.namespace)))
+    yield kube
+    kube.core.delete_namespace(kube.namespace)
+    kube.api_client.close()
+
+
+@pytest.fixture
+def kube(kube_plane: object) -> Iterator[Kube]:
+    """etcd + kube-apiserver (RBAC on, client-certificate admin) and a clean namespace."""
+    yield from _namespaced(kube_plane)
+
+
+@pytest.fixture
+def cluster(cluster_plane: object) -> Iterator[Kube]:
+    """The e2e cluster: scheduler, controller-manager, kwok GPU nodes, and a clean namespace."""
+    yield from _namespaced(cluster_plane)
