@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# All GPU checks and benchmarks in one call, for the GPU machine (an H200 here; any CUDA GPU).
+# Writes a dated results file (GPU, driver, torch, commit, numbers) to benchmarks/results/ and,
+# when $OUT is set (the device tool's output folder), copies everything there too.
+#
+# Usage: KERNELFLEET_COMMIT=<sha> scripts/gpu-check.sh [--quick]
+#   Missing Python packages (pydantic, minio) travel as wheels in .whl/ and are installed to /tmp/site.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+QUICK=0; [[ "${1:-}" == "--quick" ]] && QUICK=1
+
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || { echo "gpu-check: installing the carried wheels failed" >&2; exit 1; }
+  export PYTHONPATH="/tmp/site:${PYTHONPATH:-}"
+fi
+export PYTHONPATH="$PWD/core:$PWD/evaluator:$PWD/trainer:$PWD:${PYTHONPATH:-}"
+export PYTHONUNBUFFERED=1 KERNELFLEET_KERNELBENCH_DIR="${KERNELFLEET_KERNELBENCH_DIR:-$PWD/.kb}"
+
+STAMP=$(date -u +%Y-%m-%d)
+RESULTS=benchmarks/results; mkdir -p "$RESULTS"
+LOG="$RESULTS/gpu-check-$STAMP.log"
+ENVFILE="$RESULTS/gpu-env-$STAMP.json"
+: > "$LOG"
+
+python3 - > "$ENVFILE" <<'PY'
+import json, os, subprocess, torch
+smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm", "--format=csv,noheader"],
+                     capture_output=True, text=True).stdout.strip()
+print(json.dumps({"gpu": torch.cuda.get_device_name(0), "nvidia_smi": smi, "torch": torch.__version__,
+                  "cuda": torch.version.cuda, "commit": os.environ.get("KERNELFLEET_COMMIT", "unknown"),
+                  "gpus": torch.cuda.device_count()}, indent=2))
+PY
+cat "$ENVFILE" | tee -a "$LOG"
+
+step() {  # step NAME COMMAND...: run one stage, keep going when it fails, record the status.
+  local name=$1; shift
+  echo "=== $name: $*" | tee -a "$LOG"
+  local t0=$SECONDS
+  "$@" 2>&1 | tee -a "$LOG"; local rc=${PIPESTATUS[0]}
+  echo "=== $name: exit $rc after $((SECONDS - t0))s" | tee -a "$LOG"
+}
+
+step gpu-tests python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu
+if [[ $QUICK == 0 ]]; then
+  [[ -f benchmarks/gpu_evaluator.py ]] && step evaluator-bench python3 benchmarks/gpu_evaluator.py --out "$RESULTS"
+  [[ -f benchmarks/gpu_optimize.py ]] && step optimize-bench python3 benchmarks/gpu_optimize.py --out "$RESULTS"
+fi
+
+if [[ -n "${OUT:-}" ]]; then
+  mkdir -p "$OUT/results"
+  cp "$RESULTS"/*"$STAMP"* "$OUT/results/" 2>/dev/null || true
+fi
+grep -E "^=== .*exit" "$LOG"
