@@ -13,8 +13,9 @@ K8S_VERSION=1.37.2          # kube-apiserver, kube-controller-manager, kube-sche
 ETCD_VERSION=3.6.16
 KWOK_VERSION=0.8.0
 HELM_VERSION=3.22.0
-# MinIO's tags are not semver; this pseudo-version is RELEASE.2025-10-15T17-29-55Z.
-MINIO_VERSION=v0.0.0-20251015172955-9e49d5e7a648
+# MinIO's tags are not semver, so Go knows it by pseudo-version: this is the repository's final
+# commit (2026-02-12), the one the module proxy serves.
+MINIO_VERSION=v0.0.0-20260212201848-7aac2a2c5b7c
 
 CACHE="${KERNELFLEET_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kernelfleet}"
 BIN="$CACHE/bin"

@@ -29,6 +29,8 @@ GPUS_PER_NODE = 8
 KWOK_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
 CONTROLLERS = (
     "job-controller",
+    # Removes the not-ready taint that admission puts on every new node once kwok reports it Ready.
+    "node-lifecycle-controller",
     "garbage-collector-controller",
     "namespace-controller",
     "serviceaccount-controller",
@@ -79,6 +81,7 @@ class KubeApiServer:
         self.url = f"https://127.0.0.1:{self.port}"
         self.pki = pki
         self.admin_cert, self.admin_key = pki.client("kernelfleet-admin", ("system:masters",))
+        workdir.mkdir(parents=True, exist_ok=True)
         self.kubeconfig = workdir / "admin.kubeconfig"
         write_kubeconfig(self.kubeconfig, self.url, pki.ca_cert, self.admin_cert, self.admin_key, "admin")
         self.process = ServerProcess(
