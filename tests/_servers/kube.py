@@ -9,6 +9,7 @@ is what a kubelet would report for a pod that ran and exited 0.
 from __future__ import annotations
 
 import ssl
+from collections.abc import Callable
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -196,7 +197,7 @@ def kwok_configuration() -> str:
     return "\n---\n".join(path.read_text().strip().removeprefix("---").strip() for path in stages) + "\n"
 
 
-def _https_ok(port: int) -> object:
+def _https_ok(port: int) -> Callable[[], bool]:
     def check() -> bool:
         context = ssl.create_default_context()
         context.check_hostname = False
@@ -207,7 +208,7 @@ def _https_ok(port: int) -> object:
     return check
 
 
-def _http_ok(port: int, path: str) -> object:
+def _http_ok(port: int, path: str) -> Callable[[], bool]:
     def check() -> bool:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as response:
             return bool(response.status == 200)
