@@ -17,9 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel
-
 from kernelfleet.core import resources
+from pydantic import BaseModel
 
 ROOT = Path(__file__).resolve().parent.parent
 CRD_DIR = ROOT / "crds"
@@ -69,8 +68,14 @@ def schema_of(model: type[BaseModel]) -> dict[str, Any]:
     return dict(_structural(raw, raw.get("$defs", {})))
 
 
-def crd(kind: str, plural: str, short: list[str], spec: type[BaseModel], status: type[BaseModel],
-        columns: list[dict[str, str]]) -> dict[str, Any]:
+def crd(
+    kind: str,
+    plural: str,
+    short: list[str],
+    spec: type[BaseModel],
+    status: type[BaseModel],
+    columns: list[dict[str, str]],
+) -> dict[str, Any]:
     spec_schema, status_schema = schema_of(spec), schema_of(status)
     spec_schema.pop("description", None)
     status_schema.pop("description", None)
@@ -80,28 +85,38 @@ def crd(kind: str, plural: str, short: list[str], spec: type[BaseModel], status:
         "metadata": {"name": f"{plural}.{resources.GROUP}"},
         "spec": {
             "group": resources.GROUP,
-            "names": {"kind": kind, "listKind": f"{kind}List", "plural": plural, "singular": kind.lower(),
-                      "shortNames": short, "categories": ["kernelfleet"]},
+            "names": {
+                "kind": kind,
+                "listKind": f"{kind}List",
+                "plural": plural,
+                "singular": kind.lower(),
+                "shortNames": short,
+                "categories": ["kernelfleet"],
+            },
             "scope": "Namespaced",
-            "versions": [{
-                "name": resources.VERSION,
-                "served": True,
-                "storage": True,
-                "subresources": {"status": {}},
-                "additionalPrinterColumns": columns,
-                "schema": {"openAPIV3Schema": {
-                    "type": "object",
-                    "description": (spec.__doc__ or kind).strip().splitlines()[0],
-                    "required": ["spec"],
-                    "properties": {
-                        "apiVersion": {"type": "string"},
-                        "kind": {"type": "string"},
-                        "metadata": {"type": "object"},
-                        "spec": spec_schema,
-                        "status": status_schema,
+            "versions": [
+                {
+                    "name": resources.VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": columns,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "description": (spec.__doc__ or kind).strip().splitlines()[0],
+                            "required": ["spec"],
+                            "properties": {
+                                "apiVersion": {"type": "string"},
+                                "kind": {"type": "string"},
+                                "metadata": {"type": "object"},
+                                "spec": spec_schema,
+                                "status": status_schema,
+                            },
+                        }
                     },
-                }},
-            }],
+                }
+            ],
         },
     }
 
@@ -110,20 +125,30 @@ def all_crds() -> dict[str, dict[str, Any]]:
     age = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
     return {
         "optimizationjobs.yaml": crd(
-            "OptimizationJob", "optimizationjobs", ["kfopt"],
-            resources.OptimizationJobSpec, resources.OptimizationJobStatus,
-            [{"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
-             {"name": "Done", "type": "integer", "jsonPath": ".status.tasksDone"},
-             {"name": "Total", "type": "integer", "jsonPath": ".status.tasksTotal"},
-             {"name": "Best", "type": "number", "jsonPath": ".status.bestSpeedup"},
-             age],
+            "OptimizationJob",
+            "optimizationjobs",
+            ["kfopt"],
+            resources.OptimizationJobSpec,
+            resources.OptimizationJobStatus,
+            [
+                {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+                {"name": "Done", "type": "integer", "jsonPath": ".status.tasksDone"},
+                {"name": "Total", "type": "integer", "jsonPath": ".status.tasksTotal"},
+                {"name": "Best", "type": "number", "jsonPath": ".status.bestSpeedup"},
+                age,
+            ],
         ),
         "trainingruns.yaml": crd(
-            "TrainingRun", "trainingruns", ["kftrain"],
-            resources.TrainingRunSpec, resources.TrainingRunStatus,
-            [{"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
-             {"name": "Stage", "type": "string", "jsonPath": ".status.currentStage"},
-             age],
+            "TrainingRun",
+            "trainingruns",
+            ["kftrain"],
+            resources.TrainingRunSpec,
+            resources.TrainingRunStatus,
+            [
+                {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+                {"name": "Stage", "type": "string", "jsonPath": ".status.currentStage"},
+                age,
+            ],
         ),
     }
 
@@ -148,7 +173,10 @@ def main() -> int:
                 directory.mkdir(parents=True, exist_ok=True)
                 path.write_text(text)
     if stale:
-        print(f"stale CRDs: {', '.join(stale)}; run scripts/generate-crds.py and commit the result", file=sys.stderr)
+        print(
+            f"stale CRDs: {', '.join(stale)}; run scripts/generate-crds.py and commit the result",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

@@ -96,7 +96,7 @@ def cluster_plane(server_root: Path) -> Iterator[object]:
         core = client.CoreV1Api(config.new_client_from_config(config_file=str(plane.kubeconfig)))
         for pool in GPU_POOLS:
             for index in range(2):
-                core.create_node(gpu_node_manifest(pool, index))
+                core.create_node(gpu_node_manifest(pool, index))  # type: ignore[arg-type]  # dicts are accepted
     except BaseException:
         plane.stop()
         raise

@@ -82,13 +82,12 @@ class ServerProcess:
         deadline = time.monotonic() + self.ready_timeout
         while time.monotonic() < deadline:
             if self._proc is not None and self._proc.poll() is not None:
-                raise RuntimeError(
-                    f"{self.name} exited with status {self._proc.returncode} before it was ready:\n{self.tail()}"
-                )
+                status = self._proc.returncode
+                raise RuntimeError(f"{self.name} exited ({status}) before it was ready:\n{self.tail()}")
             try:
                 if self.ready():
                     return
-            except Exception:  # noqa: BLE001 - not up yet: connection refused, TLS not ready, ...
+            except Exception:
                 pass
             time.sleep(0.2)
         self.stop()

@@ -9,8 +9,8 @@ is what a kubelet would report for a pod that ran and exited 0.
 from __future__ import annotations
 
 import ssl
-from collections.abc import Callable
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,11 +48,26 @@ class Etcd:
         self.url = client_url
         self.process = ServerProcess(
             "etcd",
-            [str(binary("etcd")), "--data-dir", str(workdir / "data"), "--name", "default",
-             "--listen-client-urls", client_url, "--advertise-client-urls", client_url,
-             "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
-             "--initial-cluster", f"default={peer_url}", "--unsafe-no-fsync",
-             "--log-level", "warn"],
+            [
+                str(binary("etcd")),
+                "--data-dir",
+                str(workdir / "data"),
+                "--name",
+                "default",
+                "--listen-client-urls",
+                client_url,
+                "--advertise-client-urls",
+                client_url,
+                "--listen-peer-urls",
+                peer_url,
+                "--initial-advertise-peer-urls",
+                peer_url,
+                "--initial-cluster",
+                f"default={peer_url}",
+                "--unsafe-no-fsync",
+                "--log-level",
+                "warn",
+            ],
             workdir,
             ready=self._healthy,
         )
@@ -87,20 +102,25 @@ class KubeApiServer:
         write_kubeconfig(self.kubeconfig, self.url, pki.ca_cert, self.admin_cert, self.admin_key, "admin")
         self.process = ServerProcess(
             "kube-apiserver",
-            [str(binary("kube-apiserver")),
-             f"--etcd-servers={etcd_url}",
-             "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={self.port}",
-             f"--tls-cert-file={pki.dir / 'serving.crt'}", f"--tls-private-key-file={pki.dir / 'serving.key'}",
-             f"--client-ca-file={pki.ca_cert}",
-             "--authorization-mode=Node,RBAC",
-             f"--service-account-issuer={self.url}",
-             f"--service-account-key-file={pki.sa_pub}",
-             f"--service-account-signing-key-file={pki.sa_key}",
-             "--service-cluster-ip-range=10.0.0.0/24",
-             "--allow-privileged=true",
-             "--enable-priority-and-fairness=false",
-             "--endpoint-reconciler-type=none",
-             "--v=1"],
+            [
+                str(binary("kube-apiserver")),
+                f"--etcd-servers={etcd_url}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={self.port}",
+                f"--tls-cert-file={pki.dir / 'serving.crt'}",
+                f"--tls-private-key-file={pki.dir / 'serving.key'}",
+                f"--client-ca-file={pki.ca_cert}",
+                "--authorization-mode=Node,RBAC",
+                f"--service-account-issuer={self.url}",
+                f"--service-account-key-file={pki.sa_pub}",
+                f"--service-account-signing-key-file={pki.sa_key}",
+                "--service-cluster-ip-range=10.0.0.0/24",
+                "--allow-privileged=true",
+                "--enable-priority-and-fairness=false",
+                "--endpoint-reconciler-type=none",
+                "--v=1",
+            ],
             workdir,
             ready=self._ready,
             ready_timeout=120.0,
@@ -151,16 +171,27 @@ class ControlPlane:
     def add_cluster_components(self) -> None:
         """Start kube-controller-manager, kube-scheduler and kwok against this API server."""
         kubeconfig = str(self.kubeconfig)
-        common = [f"--kubeconfig={kubeconfig}", f"--authentication-kubeconfig={kubeconfig}",
-                  f"--authorization-kubeconfig={kubeconfig}", "--bind-address=127.0.0.1", "--leader-elect=false"]
+        common = [
+            f"--kubeconfig={kubeconfig}",
+            f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}",
+            "--bind-address=127.0.0.1",
+            "--leader-elect=false",
+        ]
         pki = self.apiserver.pki
         kcm_port, scheduler_port, kwok_port = free_port(), free_port(), free_port()
         kcm = ServerProcess(
             "kube-controller-manager",
-            [str(binary("kube-controller-manager")), *common, f"--secure-port={kcm_port}",
-             f"--controllers={','.join(CONTROLLERS)}",
-             f"--service-account-private-key-file={pki.sa_key}", f"--root-ca-file={pki.ca_cert}",
-             "--use-service-account-credentials=false", "--v=1"],
+            [
+                str(binary("kube-controller-manager")),
+                *common,
+                f"--secure-port={kcm_port}",
+                f"--controllers={','.join(CONTROLLERS)}",
+                f"--service-account-private-key-file={pki.sa_key}",
+                f"--root-ca-file={pki.ca_cert}",
+                "--use-service-account-credentials=false",
+                "--v=1",
+            ],
             self.workdir / "kcm",
             ready=_https_ok(kcm_port),
         )
@@ -176,10 +207,15 @@ class ControlPlane:
         kwok_config.write_text(kwok_configuration())
         kwok = ServerProcess(
             "kwok",
-            [str(binary("kwok")), f"--kubeconfig={kubeconfig}", f"--config={kwok_config}",
-             "--manage-all-nodes=false",
-             f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION[0]}={KWOK_ANNOTATION[1]}",
-             "--node-lease-duration-seconds=40", f"--server-address=127.0.0.1:{kwok_port}"],
+            [
+                str(binary("kwok")),
+                f"--kubeconfig={kubeconfig}",
+                f"--config={kwok_config}",
+                "--manage-all-nodes=false",
+                f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION[0]}={KWOK_ANNOTATION[1]}",
+                "--node-lease-duration-seconds=40",
+                f"--server-address=127.0.0.1:{kwok_port}",
+            ],
             kwok_dir,
             ready=_http_ok(kwok_port, "/healthz"),
         )
@@ -202,7 +238,9 @@ def _https_ok(port: int) -> Callable[[], bool]:
         context = ssl.create_default_context()
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
-        with urllib.request.urlopen(f"https://127.0.0.1:{port}/healthz", timeout=2, context=context) as response:
+        with urllib.request.urlopen(
+            f"https://127.0.0.1:{port}/healthz", timeout=2, context=context
+        ) as response:
             return bool(response.status == 200)
 
     return check

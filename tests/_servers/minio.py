@@ -22,12 +22,24 @@ class MinioServer:
         console = free_port()
         self.process = ServerProcess(
             "minio",
-            [str(binary("minio")), "server", "--quiet", "--address", f"127.0.0.1:{self.port}",
-             "--console-address", f"127.0.0.1:{console}", str(workdir / "data")],
+            [
+                str(binary("minio")),
+                "server",
+                "--quiet",
+                "--address",
+                f"127.0.0.1:{self.port}",
+                "--console-address",
+                f"127.0.0.1:{console}",
+                str(workdir / "data"),
+            ],
             workdir,
             ready=self._live,
-            env={"MINIO_ROOT_USER": self.access_key, "MINIO_ROOT_PASSWORD": self.secret_key,
-                 "MINIO_BROWSER": "off", "MINIO_UPDATE": "off"},
+            env={
+                "MINIO_ROOT_USER": self.access_key,
+                "MINIO_ROOT_PASSWORD": self.secret_key,
+                "MINIO_BROWSER": "off",
+                "MINIO_UPDATE": "off",
+            },
         )
 
     @property
@@ -45,7 +57,9 @@ class MinioServer:
         self.process.stop()
 
     def client(self) -> Minio:
-        return Minio(endpoint=self.endpoint, access_key=self.access_key, secret_key=self.secret_key, secure=False)
+        return Minio(
+            endpoint=self.endpoint, access_key=self.access_key, secret_key=self.secret_key, secure=False
+        )
 
 
 @dataclass

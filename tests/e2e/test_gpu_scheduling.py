@@ -25,12 +25,14 @@ def _wait(what: str, check: Callable[[], Any], timeout: float = 90.0) -> Any:
 def _gpu_job(name: str, product: str | None, gpus: int, completions: int = 1) -> dict[str, Any]:
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
-        "containers": [{
-            "name": "worker",
-            "image": "kernelfleet/worker:test",
-            "command": ["kernelfleet", "worker"],
-            "resources": {"limits": {"nvidia.com/gpu": str(gpus)}},
-        }],
+        "containers": [
+            {
+                "name": "worker",
+                "image": "kernelfleet/worker:test",
+                "command": ["kernelfleet", "worker"],
+                "resources": {"limits": {"nvidia.com/gpu": str(gpus)}},
+            }
+        ],
         "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
     }
     if product:
@@ -39,13 +41,20 @@ def _gpu_job(name: str, product: str | None, gpus: int, completions: int = 1) ->
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {"name": name},
-        "spec": {"completions": completions, "parallelism": completions, "completionMode": "Indexed",
-                 "backoffLimit": 0, "template": {"spec": pod_spec}},
+        "spec": {
+            "completions": completions,
+            "parallelism": completions,
+            "completionMode": "Indexed",
+            "backoffLimit": 0,
+            "template": {"spec": pod_spec},
+        },
     }
 
 
 def test_h100_job_is_bound_to_an_h100_node_and_completes(cluster) -> None:  # type: ignore[no-untyped-def]
-    cluster.batch.create_namespaced_job(cluster.namespace, _gpu_job("h100-job", "NVIDIA-H100-80GB-HBM3", 1, 3))
+    cluster.batch.create_namespaced_job(
+        cluster.namespace, _gpu_job("h100-job", "NVIDIA-H100-80GB-HBM3", 1, 3)
+    )
 
     def pods_bound() -> list[Any]:
         pods = cluster.core.list_namespaced_pod(cluster.namespace, label_selector="job-name=h100-job").items
@@ -58,8 +67,10 @@ def test_h100_job_is_bound_to_an_h100_node_and_completes(cluster) -> None:  # ty
 
     def job_complete() -> bool:
         status = cluster.batch.read_namespaced_job_status("h100-job", cluster.namespace).status
-        return bool(status.succeeded == 3 and any(c.type == "Complete" and c.status == "True"
-                                                   for c in (status.conditions or [])))
+        return bool(
+            status.succeeded == 3
+            and any(c.type == "Complete" and c.status == "True" for c in (status.conditions or []))
+        )
 
     _wait("the Job to complete", job_complete)
 
@@ -86,12 +97,21 @@ def test_job_asking_for_more_gpus_than_any_node_has_stays_pending(cluster) -> No
 def test_gpu_nodes_are_ready_with_gfd_labels(cluster) -> None:  # type: ignore[no-untyped-def]
     def ready_nodes() -> list[Any]:
         nodes = cluster.core.list_node().items
-        ready = [n for n in nodes if any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or [])]
+        ready = [
+            n
+            for n in nodes
+            if any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or [])
+        ]
         return ready if len(ready) == 8 else []
 
     nodes = _wait("8 Ready nodes", ready_nodes)
     products = {n.metadata.labels["nvidia.com/gpu.product"] for n in nodes}
-    assert products == {"NVIDIA-A100-SXM4-80GB", "NVIDIA-H100-80GB-HBM3", "NVIDIA-L40", "NVIDIA-GeForce-RTX-3090"}
+    assert products == {
+        "NVIDIA-A100-SXM4-80GB",
+        "NVIDIA-H100-80GB-HBM3",
+        "NVIDIA-L40",
+        "NVIDIA-GeForce-RTX-3090",
+    }
     for node in nodes:
         assert node.status.allocatable["nvidia.com/gpu"] == "8"
         assert node.metadata.labels["nvidia.com/gpu.count"] == "8"

@@ -7,9 +7,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from kubernetes.client.exceptions import ApiException
-
 from kernelfleet.core.resources import GROUP, VERSION
+from kubernetes.client.exceptions import ApiException
 
 pytestmark = pytest.mark.integration
 
@@ -19,7 +18,9 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_minio_round_trip(minio) -> None:  # type: ignore[no-untyped-def]
     client = minio.client()
     payload = b"kernelfleet " * 1000
-    client.put_object(bucket_name=minio.bucket, object_name="a/b.txt", data=io.BytesIO(payload), length=len(payload))
+    client.put_object(
+        bucket_name=minio.bucket, object_name="a/b.txt", data=io.BytesIO(payload), length=len(payload)
+    )
     response = client.get_object(bucket_name=minio.bucket, object_name="a/b.txt")
     try:
         assert response.read() == payload
@@ -57,15 +58,20 @@ def test_crd_schema_rejects_a_bad_optimization_job(kube) -> None:  # type: ignor
         "metadata": {"name": "good"},
         "spec": {"tasks": ["kernelbench-v0:1:1-3"], "gpuClasses": ["h100"]},
     }
-    created = kube.custom.create_namespaced_custom_object(GROUP, VERSION, kube.namespace, "optimizationjobs", good)
+    created = kube.custom.create_namespaced_custom_object(
+        GROUP, VERSION, kube.namespace, "optimizationjobs", good
+    )
     assert created["spec"]["budget"]["rounds"] == 4  # the schema's default was applied by the server
 
-    bad = {**good, "metadata": {"name": "bad"},
-           "spec": {"tasks": [], "gpuClasses": ["H100!"], "budget": {"rounds": 0}}}
+    bad = {
+        **good,
+        "metadata": {"name": "bad"},
+        "spec": {"tasks": [], "gpuClasses": ["H100!"], "budget": {"rounds": 0}},
+    }
     with pytest.raises(ApiException) as caught:
         kube.custom.create_namespaced_custom_object(GROUP, VERSION, kube.namespace, "optimizationjobs", bad)
     assert caught.value.status == 422
-    message = caught.value.body
+    message = str(caught.value.body)
     assert "spec.tasks" in message
     assert "spec.budget.rounds" in message
     assert "spec.gpuClasses[0]" in message

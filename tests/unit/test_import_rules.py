@@ -22,13 +22,39 @@ ROOT = Path(__file__).resolve().parents[2]
 # Top-level names each component must never import. Core is the strictest: it is a dependency
 # of everything, so it may only use the standard library, pydantic and minio.
 FORBIDDEN: dict[str, set[str]] = {
-    "core": {"kernelfleet.evaluator", "kernelfleet.trainer", "kernelfleet.operator", "torch", "kopf",
-             "kubernetes", "transformers", "trl", "vllm", "triton", "numpy"},
-    "evaluator": {"kernelfleet.trainer", "kernelfleet.operator", "kopf", "kubernetes", "transformers", "trl",
-                  "vllm"},
+    "core": {
+        "kernelfleet.evaluator",
+        "kernelfleet.trainer",
+        "kernelfleet.operator",
+        "torch",
+        "kopf",
+        "kubernetes",
+        "transformers",
+        "trl",
+        "vllm",
+        "triton",
+        "numpy",
+    },
+    "evaluator": {
+        "kernelfleet.trainer",
+        "kernelfleet.operator",
+        "kopf",
+        "kubernetes",
+        "transformers",
+        "trl",
+        "vllm",
+    },
     "trainer": {"kernelfleet.operator", "kopf", "kubernetes"},
-    "operator": {"kernelfleet.evaluator", "kernelfleet.trainer", "torch", "transformers", "trl", "vllm",
-                 "triton", "numpy"},
+    "operator": {
+        "kernelfleet.evaluator",
+        "kernelfleet.trainer",
+        "torch",
+        "transformers",
+        "trl",
+        "vllm",
+        "triton",
+        "numpy",
+    },
 }
 CORE_ALLOWED_THIRD_PARTY = {"pydantic", "minio", "urllib3", "certifi"}
 
@@ -52,9 +78,15 @@ def violations(component: str) -> list[str]:
                 if module == banned or module.startswith(banned + "."):
                     found.append(f"{path.relative_to(ROOT)} imports {module}")
             top = module.split(".")[0]
-            if (component == "core" and top not in sys.stdlib_module_names and top != "kernelfleet"
-                    and top not in CORE_ALLOWED_THIRD_PARTY):
-                found.append(f"{path.relative_to(ROOT)} imports {module} (core may use only stdlib, pydantic, minio)")
+            if (
+                component == "core"
+                and top not in sys.stdlib_module_names
+                and top != "kernelfleet"
+                and top not in CORE_ALLOWED_THIRD_PARTY
+            ):
+                found.append(
+                    f"{path.relative_to(ROOT)} imports {module} (core may use only stdlib, pydantic, minio)"
+                )
     return found
 
 

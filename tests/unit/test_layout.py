@@ -25,11 +25,15 @@ def _python(code: str) -> str:
 
 
 def test_import_operator_from_the_repository_root_is_the_standard_library() -> None:
-    out = _python("import operator, sys; print(operator.__name__, operator.add(2, 3), hasattr(operator, 'itemgetter'))")
+    out = _python(
+        "import operator, sys; print(operator.__name__, operator.add(2, 3), hasattr(operator, 'itemgetter'))"
+    )
     assert out == "operator 5 True"
     # The same holds when the repository root is explicitly first on the path.
-    out = _python("import sys; sys.path.insert(0, '.'); sys.modules.pop('operator', None); import operator;"
-                  "print(getattr(operator, '__file__', 'builtin'))")
+    out = _python(
+        "import sys; sys.path.insert(0, '.'); sys.modules.pop('operator', None); import operator;"
+        "print(getattr(operator, '__file__', 'builtin'))"
+    )
     assert "kernelfleet" not in out and not out.startswith(str(ROOT / "operator"))
 
 

@@ -10,9 +10,8 @@ from __future__ import annotations
 import enum
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, computed_field
-
 from kernelfleet.core.hashing import normalize_source, source_hash
+from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 
 class Frozen(BaseModel):
@@ -129,9 +128,42 @@ class ResultKey(Frozen):
 
     def path(self) -> str:
         """The key's place in the store, relative to a run's root."""
-        return (
-            f"results/{self.task_hash[:16]}/{self.gpu_class}/{self.evaluator_version}/{self.variant_hash}.json"
-        )
+        task, variant = self.task_hash[:16], self.variant_hash
+        return f"results/{task}/{self.gpu_class}/{self.evaluator_version}/{variant}.json"
 
 
 PositiveInt = Annotated[int, Field(gt=0)]
+
+
+class TaskSummary(Frozen):
+    """How the optimisation of one task on one GPU class ended. Written last, it marks the task done.
+
+    The operator reads these to fill a job's status, so they live here and not in the trainer.
+    """
+
+    task_name: str
+    task_hash: str
+    gpu_class: str
+    evaluator_version: str
+    stop_reason: str = Field(description="rounds, target, exhausted, wall-time or gpu-seconds.")
+    rounds: int = Field(default=0, description="Rounds the search ran.")
+    samples: int = Field(default=0, description="Answers recorded, usable or not.")
+    variants: int = Field(default=0, description="Distinct variants evaluated.")
+    verdicts: dict[str, int] = Field(default_factory=dict, description="Evaluated variants per verdict.")
+    best_variant_hash: str | None = None
+    best_policy: str | None = None
+    best_name: str = ""
+    best_speedup: float | None = Field(
+        default=None,
+        description="Of the best variant over the eager reference, as re-measured in a fresh process.",
+    )
+    search_speedup: float | None = Field(
+        default=None, description="The same variant's speedup during the search."
+    )
+    speedup_vs_compile: float | None = Field(default=None, description="Over torch.compile of the reference.")
+    verified: bool = Field(default=False, description="The best variant passed its re-verification.")
+    baselines: dict[str, Timing] = Field(
+        default_factory=dict, description="eager, compile, ... of the reference."
+    )
+    gpu_seconds: float = 0.0
+    finished_at: str = ""

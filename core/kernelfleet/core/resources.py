@@ -59,7 +59,9 @@ class EvaluationProfile(enum.StrEnum):
 
 
 class EvaluationSpec(_Spec):
-    profile: EvaluationProfile = Field(default=EvaluationProfile.STRICT, description="strict or kernelbench-v0.")
+    profile: EvaluationProfile = Field(
+        default=EvaluationProfile.STRICT, description="strict or kernelbench-v0."
+    )
     correctness_trials: int = Field(default=5, ge=1, le=1000)
     timing_trials: int = Field(default=100, ge=10, le=100000)
 
@@ -75,7 +77,9 @@ class OptimizationJobSpec(_Spec):
         default=["h100"], min_length=1, description="Pools to run on: a100, h100, l40, rtx3090, ..."
     )
     policies: list[PolicySpec] = Field(
-        default=[PolicySpec(kind=PolicyKind.COMPILE)], min_length=1, description="Policies that propose variants."
+        default=[PolicySpec(kind=PolicyKind.COMPILE)],
+        min_length=1,
+        description="Policies that propose variants.",
     )
     budget: Budget = Field(default=Budget())
     evaluation: EvaluationSpec = Field(default=EvaluationSpec())
