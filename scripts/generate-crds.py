@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from kernelfleet.core import resources
 from pydantic import BaseModel
+
+from kernelfleet.core import resources
 
 ROOT = Path(__file__).resolve().parent.parent
 CRD_DIR = ROOT / "crds"

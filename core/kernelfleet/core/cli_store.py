@@ -1,0 +1,76 @@
+"""`kernelfleet store ...`: test a store's connectivity and permissions, and list its keys.
+
+`check` is what to run first when a job cannot reach its store: it walks the same path a
+worker does (reach the endpoint, find the bucket, list, write, read back) and says at which
+step it fails and what to check. It retries only briefly, so a dead endpoint is reported in
+seconds rather than after the workers' full retry budget.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from kernelfleet.core.config import RetrySettings, StoreConfig
+from kernelfleet.core.errors import StoreError
+from kernelfleet.core.store import open_store
+
+_CHECK_RETRY = RetrySettings(attempts=3, initial_backoff_s=0.5, max_backoff_s=2.0, deadline_s=15.0)
+
+
+def register(subcommands: argparse._SubParsersAction) -> None:
+    parser = subcommands.add_parser(
+        "store",
+        help="test and inspect the artifact store",
+        description="Test and inspect the artifact store (a directory, file:///... or s3://bucket/prefix).",
+    )
+    actions = parser.add_subparsers(dest="store_command", metavar="ACTION")
+
+    check = actions.add_parser(
+        "check",
+        help="test connectivity and permissions",
+        description=(
+            "Reach the store, list, write a probe object, read it back and delete it; report each "
+            "step and what to check when one fails. Exit status 0 when the store is usable, 1 if not."
+        ),
+    )
+    check.add_argument("url", nargs="?", help="store URL (default: $KERNELFLEET_STORE, else .kernelfleet)")
+    check.set_defaults(handler=run_check)
+
+    ls = actions.add_parser("ls", help="list keys", description="List the keys under a prefix, sorted.")
+    ls.add_argument("url", nargs="?", help="store URL (default: $KERNELFLEET_STORE, else .kernelfleet)")
+    ls.add_argument("prefix", nargs="?", default="", help="key prefix, e.g. variants/ (default: everything)")
+    ls.set_defaults(handler=run_ls)
+
+    def usage(args: argparse.Namespace) -> int:
+        parser.print_help(sys.stderr)
+        return 2
+
+    parser.set_defaults(handler=usage)
+
+
+def run_check(args: argparse.Namespace) -> int:
+    config = StoreConfig.from_env()
+    config = config.model_copy(update={"retry": _CHECK_RETRY})
+    store = open_store(args.url, config)
+    print(f"checking {store.url}")
+    steps = store.check()
+    for step in steps:
+        mark = "ok" if step.ok else ("FAIL" if step.required else "warn")
+        print(f"  {mark:<5} {step.name:<13} {step.detail}")
+    if all(step.ok or not step.required for step in steps):
+        print(f"{store.url} is usable")
+        return 0
+    print(f"{store.url} is NOT usable: see the FAIL line above", file=sys.stderr)
+    return 1
+
+
+def run_ls(args: argparse.Namespace) -> int:
+    store = open_store(args.url)
+    try:
+        for key in store.list(args.prefix):
+            print(key)
+    except StoreError as error:
+        print(f"kernelfleet store ls: {error}", file=sys.stderr)
+        return 1
+    return 0

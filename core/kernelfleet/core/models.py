@@ -10,8 +10,9 @@ from __future__ import annotations
 import enum
 from typing import Annotated
 
-from kernelfleet.core.hashing import normalize_source, source_hash
 from pydantic import BaseModel, ConfigDict, Field, computed_field
+
+from kernelfleet.core.hashing import normalize_source, source_hash
 
 
 class Frozen(BaseModel):

@@ -1,0 +1,358 @@
+"""The store's one interface; what is common to every backend is written here, once.
+
+A backend supplies a handful of primitives (put/get bytes and files, exists, list, stat)
+with the two guarantees everything else relies on:
+
+- atomic publication: a reader sees a whole object or none (local: a temp file linked into
+  place; S3: a single PUT, or a multipart upload that appears only when completed);
+- immutability: `put_*` returns False when an identical object already exists, and raises
+  `ObjectConflict` when a different one does, so writers racing with the same content
+  converge on one object.
+
+On top of these this class builds JSON, content-addressed variants, evaluation results,
+whole directories with a manifest written last (checkpoints), and the connectivity check.
+"""
+
+from __future__ import annotations
+
+import abc
+import hashlib
+import json
+import logging
+import os
+import re
+import socket
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from kernelfleet.core.errors import KernelfleetError, StoreError, UsageError
+from kernelfleet.core.hashing import normalize_source, source_hash
+from kernelfleet.core.models import EvaluationResult, ResultKey
+from kernelfleet.core.store._errors import IntegrityError, NotFound, ObjectConflict
+from kernelfleet.core.store._keys import check_key, join_key
+from kernelfleet.core.store._manifest import MANIFEST_NAME, DirManifest, ManifestEntry
+
+log = logging.getLogger("kernelfleet.store")
+
+Progress = Callable[[int], None]
+"""Receives byte counts as a transfer advances (negative when a retry starts a file again)."""
+
+VARIANTS_PREFIX = "variants"
+RESULTS_DIR = "results"
+CHECK_PREFIX = ".kernelfleet-check"
+CHUNK = 1024 * 1024
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+M = TypeVar("M", bound=BaseModel)
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """What a backend knows about an object without reading it."""
+
+    key: str
+    size: int
+    sha256: str | None = None  # known when the backend stores it alongside (S3 metadata)
+
+
+@dataclass(frozen=True)
+class CheckStep:
+    """One line of `kernelfleet store check`: what was tried and what came of it."""
+
+    name: str
+    ok: bool
+    detail: str
+    required: bool = True
+
+
+def encode_json(obj: BaseModel | dict[str, Any]) -> bytes:
+    """Canonical JSON (sorted keys): the same value always gives the same bytes, so rewriting
+    it is a no-op rather than a conflict."""
+    value = obj.model_dump(mode="json") if isinstance(obj, BaseModel) else obj
+    if not isinstance(value, dict):
+        raise UsageError(f"put_json stores a pydantic model or a dict, not {type(obj).__name__}")
+    return (json.dumps(value, sort_keys=True, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+
+
+def variant_key(variant_hash: str) -> str:
+    return f"{VARIANTS_PREFIX}/{variant_hash}.py"
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def walk_files(root: Path) -> Iterator[tuple[str, Path]]:
+    """Regular files below `root` (symlinks to files included), as ('a/b.bin', path), sorted.
+
+    Symlinked directories are not followed: a checkpoint is its own files, and a link cycle
+    must not turn an upload into an endless one.
+    """
+    found: list[tuple[str, Path]] = []
+    for directory, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for name in filenames:
+            path = Path(directory) / name
+            if path.is_file():
+                found.append((path.relative_to(root).as_posix(), path))
+    yield from sorted(found)
+
+
+class Store(abc.ABC):
+    """An immutable key-value store of artifacts. Get one with `open_store(url)`."""
+
+    # ------------------------------------------------------------------ backend primitives
+
+    @property
+    @abc.abstractmethod
+    def url(self) -> str:
+        """The store's canonical URL (`file:///...` or `s3://bucket/prefix`)."""
+
+    @abc.abstractmethod
+    def url_for(self, key: str) -> str:
+        """The URL of one object, for messages and reports."""
+
+    @abc.abstractmethod
+    def put_bytes(self, key: str, data: bytes) -> bool:
+        """Store `data` at `key`: True if written, False if the identical object was there.
+
+        Raises ObjectConflict if a different object is there.
+        """
+
+    @abc.abstractmethod
+    def get_bytes(self, key: str) -> bytes:
+        """The object's bytes; NotFound if there is none."""
+
+    @abc.abstractmethod
+    def exists(self, key: str) -> bool: ...
+
+    @abc.abstractmethod
+    def list(self, prefix: str = "") -> Iterator[str]:
+        """Keys that start with `prefix` (a plain string prefix, as in S3), sorted."""
+
+    @abc.abstractmethod
+    def stat(self, key: str) -> ObjectInfo:
+        """Size (and sha256 when known) of an object; NotFound if there is none."""
+
+    @abc.abstractmethod
+    def get_file(
+        self,
+        key: str,
+        path: str | os.PathLike[str],
+        *,
+        sha256: str | None = None,
+        progress: Progress | None = None,
+    ) -> None:
+        """Stream an object into a local file, atomically replacing it, and verify its checksum
+        (`sha256` if given, else the one recorded with the object, if any)."""
+
+    @abc.abstractmethod
+    def _put_file(self, key: str, path: Path, progress: Progress | None) -> tuple[bool, str, int]:
+        """Stream a local file to `key`; return (written, sha256, size)."""
+
+    @abc.abstractmethod
+    def _delete(self, key: str) -> None:
+        """Remove an object. Only the connectivity check uses it: objects are otherwise immutable."""
+
+    @abc.abstractmethod
+    def _preflight(self) -> Iterator[CheckStep]:
+        """Backend-specific first steps of `check` (reaching the server, the bucket, ...)."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"
+
+    # ------------------------------------------------------------------ files and JSON
+
+    def put_file(self, key: str, path: str | os.PathLike[str], *, progress: Progress | None = None) -> bool:
+        """Stream a local file to `key` (in parts, for large files); same contract as put_bytes."""
+        written, _, _ = self._put_file(check_key(key), Path(path), progress)
+        return written
+
+    def put_json(self, key: str, obj: BaseModel | dict[str, Any]) -> bool:
+        return self.put_bytes(key, encode_json(obj))
+
+    def get_json(self, key: str) -> dict[str, Any]:
+        data = self.get_bytes(key)
+        try:
+            value = json.loads(data.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise StoreError(
+                f"object {self.url_for(key)} is not valid JSON ({error}): it was not written with "
+                "put_json, or it is corrupt"
+            ) from None
+        if not isinstance(value, dict):
+            raise StoreError(f"object {self.url_for(key)} holds JSON {type(value).__name__}, not an object")
+        return value
+
+    def _model(self, model: type[M], key: str, raw: dict[str, Any]) -> M:
+        try:
+            return model.model_validate(raw)
+        except ValidationError as error:
+            raise StoreError(
+                f"object {self.url_for(key)} is not a valid {model.__name__} ({error.error_count()} "
+                f"problems, first: {error.errors()[0]['msg']}): it was written by an incompatible "
+                "kernelfleet version, or it is corrupt"
+            ) from None
+
+    # ------------------------------------------------------------------ variants and results
+
+    def put_variant(self, code: str) -> str:
+        """Store the normalised source at variants/<sha256>.py; return the hash."""
+        digest = source_hash(code)
+        self.put_bytes(variant_key(digest), normalize_source(code).encode("utf-8"))
+        return digest
+
+    def get_variant(self, variant_hash: str) -> str:
+        if not _HEX64.match(variant_hash):
+            raise UsageError(f"{variant_hash!r} is not a variant hash: expected 64 lowercase hex digits")
+        key = variant_key(variant_hash)
+        code = self.get_bytes(key).decode("utf-8")
+        if source_hash(code) != variant_hash:
+            raise IntegrityError(
+                f"variant {self.url_for(key)} does not hash to its name: the object is corrupt"
+            )
+        return code
+
+    def put_result(self, prefix: str, result: EvaluationResult) -> bool:
+        """Store a result at `{prefix}/{result.key.path()}`; False if one is there already.
+
+        The first result for a key is kept, even if a later one differs: timings vary from
+        run to run, and a result key is measured once by design.
+        """
+        rkey = result.key
+        if not (rkey.task_hash and rkey.variant_hash and rkey.gpu_class and rkey.evaluator_version):
+            raise UsageError(
+                "an evaluation result needs task_hash, variant_hash, environment.gpu_class and "
+                f"environment.evaluator_version to be stored; got {rkey.model_dump()}"
+            )
+        key = join_key(prefix, rkey.path())
+        try:
+            return self.put_json(key, result)
+        except ObjectConflict:
+            log.info("a different result is already stored at %s; keeping the first one", self.url_for(key))
+            return False
+
+    def get_result(self, prefix: str, key: ResultKey) -> EvaluationResult | None:
+        object_key = join_key(prefix, key.path())
+        try:
+            raw = self.get_json(object_key)
+        except NotFound:
+            return None
+        return self._model(EvaluationResult, object_key, raw)
+
+    def list_results(self, prefix: str) -> Iterator[EvaluationResult]:
+        """Every result stored under `prefix`, in key order."""
+        for key in self.list(join_key(prefix, RESULTS_DIR) + "/"):
+            if key.endswith(".json"):
+                yield self._model(EvaluationResult, key, self.get_json(key))
+
+    # ------------------------------------------------------------------ directories (checkpoints)
+
+    def upload_dir(
+        self, local_dir: str | os.PathLike[str], key_prefix: str, *, progress: Progress | None = None
+    ) -> DirManifest:
+        """Upload every file below `local_dir` to `key_prefix/...`, then the manifest, last.
+
+        Running it again after an interruption uploads only what is missing. A file that
+        changed since the earlier attempt raises ObjectConflict: upload to a new prefix.
+        """
+        root = Path(local_dir)
+        if not root.is_dir():
+            raise UsageError(f"cannot upload {root}: it is not a directory")
+        entries = []
+        for relative, path in walk_files(root):
+            if relative == MANIFEST_NAME:
+                raise UsageError(
+                    f"{path} is named like the store's manifest ({MANIFEST_NAME}): rename it before uploading"
+                )
+            key = check_key(join_key(key_prefix, relative))
+            _, digest, size = self._put_file(key, path, progress)
+            entries.append(ManifestEntry(path=relative, size=size, sha256=digest))
+        manifest = DirManifest(files=tuple(entries))
+        self.put_json(join_key(key_prefix, MANIFEST_NAME), manifest)
+        return manifest
+
+    def dir_complete(self, key_prefix: str) -> bool:
+        """True when upload_dir finished at `key_prefix` (its manifest, written last, exists)."""
+        return self.exists(join_key(key_prefix, MANIFEST_NAME))
+
+    def download_dir(
+        self, key_prefix: str, local_dir: str | os.PathLike[str], *, progress: Progress | None = None
+    ) -> DirManifest:
+        """Download a directory written by upload_dir, verifying every file's sha256.
+
+        Files already present with the right checksum are kept, so an interrupted download
+        resumes. Raises NotFound when the manifest is missing (the upload never finished).
+        """
+        manifest_key = join_key(key_prefix, MANIFEST_NAME)
+        try:
+            raw = self.get_json(manifest_key)
+        except NotFound:
+            raise NotFound(
+                f"no complete directory at {self.url_for(key_prefix or '.')}: {MANIFEST_NAME} is "
+                "missing, so its upload did not finish or the prefix is wrong"
+            ) from None
+        manifest = self._model(DirManifest, manifest_key, raw)
+        root = Path(local_dir)
+        root.mkdir(parents=True, exist_ok=True)
+        for entry in manifest.files:
+            check_key(entry.path)  # a manifest must not write outside local_dir
+            dest = root.joinpath(*entry.path.split("/"))
+            if dest.is_file() and dest.stat().st_size == entry.size and file_sha256(dest) == entry.sha256:
+                if progress is not None:
+                    progress(entry.size)
+                continue
+            self.get_file(join_key(key_prefix, entry.path), dest, sha256=entry.sha256, progress=progress)
+        return manifest
+
+    # ------------------------------------------------------------------ connectivity
+
+    def check(self) -> tuple[CheckStep, ...]:
+        """Try what kernelfleet needs (reach, list, write, read back) and report each step.
+
+        The probe object is deleted afterwards when the credentials allow it; kernelfleet
+        itself never deletes, so a failed delete is only a warning.
+        """
+        steps = list(self._preflight())
+        if any(step.required and not step.ok for step in steps):
+            return tuple(steps)
+        probe = join_key(CHECK_PREFIX, f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:12]}")
+        payload = f"kernelfleet store check probe {probe}\n".encode()
+
+        def run(name: str, action: Callable[[], str], required: bool = True) -> bool:
+            try:
+                steps.append(CheckStep(name, True, action(), required))
+                return True
+            except KernelfleetError as error:
+                steps.append(CheckStep(name, False, str(error), required))
+                return False
+
+        def listing() -> str:
+            next(iter(self.list(CHECK_PREFIX + "/")), None)
+            return f"listed {self.url_for(CHECK_PREFIX + '/')}"
+
+        def write() -> str:
+            self.put_bytes(probe, payload)
+            return f"wrote {self.url_for(probe)}"
+
+        def read() -> str:
+            if self.get_bytes(probe) != payload:
+                raise IntegrityError(f"read back {self.url_for(probe)} but got different bytes")
+            return f"read {self.url_for(probe)} back intact"
+
+        def delete() -> str:
+            self._delete(probe)
+            return f"deleted {self.url_for(probe)}"
+
+        if run("list", listing) and run("write", write) and run("read", read):
+            run("delete probe", delete, required=False)
+        return tuple(steps)

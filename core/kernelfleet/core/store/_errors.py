@@ -1,0 +1,28 @@
+"""The store's errors. Callers catch `NotFound` for "not there yet" and `StoreError` for the rest.
+
+`NotFound` is also a `KeyError`, so code written against a mapping keeps working, but its
+message prints as written (a bare `KeyError` would print its argument's repr).
+"""
+
+from __future__ import annotations
+
+from kernelfleet.core.errors import KernelfleetError, StoreError
+
+
+class NotFound(KernelfleetError, KeyError):
+    """No object at this key (or no complete directory at this prefix)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "not found"
+
+
+class ObjectConflict(StoreError):
+    """A different object already exists at the key. Objects are immutable: write a new key."""
+
+
+class IntegrityError(StoreError):
+    """Downloaded bytes do not match their recorded sha256: the object or the transfer is corrupt."""
+
+
+class StoreUnavailable(StoreError):
+    """The store could not be reached, and retrying with backoff did not help."""
