@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from kernelfleet.core.resources import GROUP, VERSION
 from kubernetes.client.exceptions import ApiException
+
+from kernelfleet.core.resources import GROUP, VERSION
 
 pytestmark = pytest.mark.integration
 

@@ -16,6 +16,9 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_crds_match_the_models() -> None:
     result = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "generate-crds.py"), "--check"],
-        capture_output=True, text=True, check=False, timeout=120,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
     )
     assert result.returncode == 0, result.stderr

@@ -162,6 +162,11 @@ class TaskSummary(Frozen):
         default=None, description="The same variant's speedup during the search."
     )
     speedup_vs_compile: float | None = Field(default=None, description="Over torch.compile of the reference.")
+    compile_speedup: float | None = Field(
+        default=None,
+        description="torch.compile of the reference over eager: the compile policy's compile-default variant "
+        "when the run has it (timed interleaved with eager), else the evaluator's baselines.",
+    )
     verified: bool = Field(default=False, description="The best variant passed its re-verification.")
     baselines: dict[str, Timing] = Field(
         default_factory=dict, description="eager, compile, ... of the reference."

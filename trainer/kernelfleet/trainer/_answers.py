@@ -77,7 +77,7 @@ def code_blocks(text: str) -> list[CodeBlock]:
 
 
 def _sections(text: str, blocks: list[CodeBlock]) -> dict[str, str]:
-    """Text under each recognised heading, keyed by section; a `# Code` comment inside a fence is no heading."""
+    """Text under each recognised heading by section; a `# Code` comment inside a fence is no heading."""
     headings = []
     for match in _HEADING.finditer(text):
         if any(block.start <= match.start() < block.end for block in blocks):
@@ -103,6 +103,14 @@ def _syntax_error(code: str) -> str:
     return ""
 
 
+def check_code(code: str) -> str:
+    """Why `code` cannot be a variant (no `ModelNew`, a syntax error), or "" when it can."""
+    if not _MODEL_NEW.search(code):
+        return "the code does not define class ModelNew"
+    error = _syntax_error(code)
+    return f"code does not parse ({error})" if error else ""
+
+
 def _unfenced_code(text: str) -> str | None:
     """Code written without fences: from the first code-looking line to the end, if it parses."""
     if not _MODEL_NEW.search(text):
@@ -124,6 +132,7 @@ def parse_answer(text: str) -> ParsedAnswer:
     """Read the analysis, the design and the `ModelNew` code from one answer."""
     if not text or not text.strip():
         return ParsedAnswer(None, "", "", "empty answer", SECTIONS)
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
     visible = _THINK.sub("", text).strip() or text
     blocks = code_blocks(visible)
     sections = _sections(visible, blocks)

@@ -1,0 +1,11 @@
+# torch.softmax does max, exp, sum and divide in one numerically stable kernel.
+import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(x, dim=-1)
