@@ -1,0 +1,40 @@
+"""kernelfleet.evaluator: the judge that the rest of kernelfleet trusts.
+
+Load KernelBench-format tasks, then prove each candidate (`ModelNew`) correct over fresh
+seeded trials and time it honestly against the reference, each candidate in its own process,
+with named defences against the reward hacks that have fooled earlier harnesses::
+
+    from kernelfleet.evaluator import EvalConfig, Evaluator, load_tasks
+
+    task = load_tasks("kernelbench-v0:1:12")[0]
+    with Evaluator(EvalConfig(device="cuda")) as evaluator:
+        result = evaluator.evaluate(task, candidate_source)
+        print(result.verdict, result.speedup, result.reasons)
+
+`docs/evaluator.md` describes the protocol and every defence.
+"""
+
+from kernelfleet.evaluator import _reasons as reasons
+from kernelfleet.evaluator._cache import DirectoryResultCache, ResultCache
+from kernelfleet.evaluator._config import BASELINE_MODES, PROFILES, EvalConfig, Profile
+from kernelfleet.evaluator._environment import gpu_class
+from kernelfleet.evaluator._evaluator import Evaluator, TaskError, timing_from
+from kernelfleet.evaluator._tasks import kernelbench_dir, load_tasks
+from kernelfleet.evaluator._version import EVALUATOR_VERSION
+
+__all__ = [
+    "BASELINE_MODES",
+    "EVALUATOR_VERSION",
+    "PROFILES",
+    "DirectoryResultCache",
+    "EvalConfig",
+    "Evaluator",
+    "Profile",
+    "ResultCache",
+    "TaskError",
+    "gpu_class",
+    "kernelbench_dir",
+    "load_tasks",
+    "reasons",
+    "timing_from",
+]

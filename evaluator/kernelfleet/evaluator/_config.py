@@ -1,0 +1,156 @@
+"""What an evaluation measures and how strictly: `EvalConfig` and the tolerance profiles.
+
+The config is a frozen value that travels to every child process, so a result can always be
+traced to the exact settings that produced it. Two profiles exist: `strict` (the default:
+fp32 tolerance 1e-4, modules in eval mode, TF32 off, no autograd recording) and
+`kernelbench-v0`, which reproduces how the 2025 KernelBench numbers were judged (tolerance
+1e-2, train-mode modules, grad mode on, torch's default flags). Timing is the same honest
+protocol in both: a profile loosens what counts as correct, never how the clock is read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from kernelfleet.evaluator._version import EVALUATOR_VERSION
+
+ProfileName = Literal["strict", "kernelbench-v0"]
+BASELINE_MODES = ("eager", "compile", "compile-reduce-overhead", "cudagraph")
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    """Correctness rules of one profile."""
+
+    name: str
+    # (atol, rtol) per floating dtype name; other dtypes compare exactly.
+    tolerances: dict[str, tuple[float, float]]
+    eval_mode: bool  # call .eval() on both modules (dropout off) before comparing
+    no_grad: bool  # run both under torch.no_grad()
+    strict_fp32: bool  # force TF32 off and highest fp32 matmul precision for both
+
+    def tolerance(self, dtype_name: str) -> tuple[float, float] | None:
+        return self.tolerances.get(dtype_name)
+
+
+PROFILES: dict[str, Profile] = {
+    "strict": Profile(
+        name="strict",
+        tolerances={
+            "float64": (1e-7, 1e-7),
+            "float32": (1e-4, 1e-4),
+            "float16": (1e-2, 1e-2),
+            "bfloat16": (1e-2, 1e-2),
+            "complex64": (1e-4, 1e-4),
+            "complex128": (1e-7, 1e-7),
+        },
+        eval_mode=True,
+        no_grad=True,
+        strict_fp32=True,
+    ),
+    "kernelbench-v0": Profile(
+        name="kernelbench-v0",
+        tolerances={
+            "float64": (1e-2, 1e-2),
+            "float32": (1e-2, 1e-2),
+            "float16": (1e-2, 1e-2),
+            "bfloat16": (1e-2, 1e-2),
+            "complex64": (1e-2, 1e-2),
+            "complex128": (1e-2, 1e-2),
+        },
+        eval_mode=False,
+        no_grad=False,
+        strict_fp32=False,
+    ),
+}
+
+
+def default_cache_dir() -> Path:
+    """Where compiled extensions are kept: $KERNELFLEET_CACHE_DIR, else ~/.cache/kernelfleet."""
+    root = os.environ.get("KERNELFLEET_CACHE_DIR")
+    base = Path(root) if root else Path.home() / ".cache" / "kernelfleet"
+    return base / "evaluator"
+
+
+class EvalConfig(BaseModel):
+    """Settings of one evaluator. Every field has a safe default; tests shrink the trials."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    device: str = Field(default="cpu", description="'cpu', 'cuda' (all local GPUs) or 'cuda:N'.")
+    profile: ProfileName = "strict"
+    correctness_trials: int = Field(default=5, ge=1, description="Fresh seed and inputs each.")
+    timing_trials: int = Field(default=100, ge=3, description="Timed calls of each side.")
+    warmup: int = Field(default=10, ge=1, description="Untimed interleaved rounds first.")
+    compile_timeout_s: float = Field(default=180.0, gt=0)
+    run_timeout_s: float = Field(default=300.0, gt=0, description="Per child: load, check, time.")
+    speedup_recheck: float | None = Field(
+        default=3.0, description="Speedups at or above this are re-timed in a fresh process."
+    )
+    recheck_tolerance: float = Field(
+        default=0.2, ge=0, description="Relative disagreement of the two timings that is reported."
+    )
+    review_ceiling: float = Field(default=10.0, gt=0, description="Speedups above are flagged.")
+    require_kernel: bool = Field(default=False, description="Demand a custom CUDA/C++ or Triton kernel.")
+    float64_reference: bool = Field(default=False, description="Compare fp32 outputs to an fp64 run.")
+    max_speedup_cv: float | None = Field(
+        default=0.1, description="Variance gate on the speedup across 7 time buckets; None disables."
+    )
+    timing_retries: int = Field(default=1, ge=0, description="Re-measurements before refusing.")
+    seed: int | None = Field(default=None, description="None: a fresh random seed per evaluation.")
+    flush_bytes: int | None = Field(
+        default=None, description="Cache flush before each timed call; None: 256 MiB CUDA, 8 MiB CPU."
+    )
+    compile_workers: int | None = Field(default=None, description="CPU build processes; None: cores-1.")
+    cache_dir: str | None = Field(default=None, description="Build cache; None: default_cache_dir().")
+    cpu_threads: int | None = Field(
+        default=1,
+        ge=1,
+        description="torch threads in CPU children, for both sides (one thread times steadily on a shared "
+        "machine); None keeps torch's default.",
+    )
+    timing: bool = Field(default=True, description="False: correctness only, no speedup.")
+    baseline_modes: tuple[str, ...] = BASELINE_MODES
+    baseline_trials: int | None = Field(default=None, description="None: timing_trials.")
+
+    @field_validator("device")
+    @classmethod
+    def _check_device(cls, value: str) -> str:
+        if value == "cpu" or value == "cuda":
+            return value
+        if value.startswith("cuda:") and value[5:].isdigit():
+            return value
+        raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', not {value!r}")
+
+    @field_validator("baseline_modes")
+    @classmethod
+    def _check_modes(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        unknown = [mode for mode in value if mode not in BASELINE_MODES]
+        if unknown:
+            raise ValueError(f"unknown baseline modes {unknown}; choose from {list(BASELINE_MODES)}")
+        return value
+
+    @property
+    def profile_rules(self) -> Profile:
+        return PROFILES[self.profile]
+
+    @property
+    def result_version(self) -> str:
+        """The evaluator version written into results: the profile and kernel demand are part
+        of it, because they change verdicts, and results are cached by version."""
+        suffix = self.profile + (".kernel" if self.require_kernel else "")
+        return f"{EVALUATOR_VERSION}+{suffix}"
+
+    @property
+    def build_root(self) -> Path:
+        return Path(self.cache_dir) if self.cache_dir else default_cache_dir()
+
+    def resolved_flush_bytes(self, on_cuda: bool) -> int:
+        if self.flush_bytes is not None:
+            return self.flush_bytes
+        return 256 * 1024 * 1024 if on_cuda else 8 * 1024 * 1024

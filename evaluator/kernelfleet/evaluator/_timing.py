@@ -1,0 +1,205 @@
+"""The timing protocol: interleaved, flushed, fully synchronised, with fresh input values.
+
+Each round draws one input set from a small bank, perturbs one element of every tensor (so no
+two calls ever see the same values: a cache keyed by value misses), copies it into every
+subject's own buffers, then times the subjects in a random order. Before each timed call the
+last-level cache is flushed by writing a buffer larger than it, and the device is idle. On
+CUDA the end event is recorded only after a device-wide synchronisation, so work on any
+stream counts; a second end event, recorded on the current stream before that
+synchronisation, measures what a naive timer would have seen, and a candidate whose naive time
+falls short of its full time by more than the reference's does has left work on other streams.
+On the CPU the same protocol runs with a wall clock.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from kernelfleet.evaluator._guards import CudaEvent, cuda_synchronize, manual_seed, perf_counter
+from kernelfleet.evaluator._outputs import leaves
+
+
+@dataclass
+class Subject:
+    """One thing to time: a callable over its own input buffers."""
+
+    label: str
+    call: Callable[[list[Any]], Any]
+    buffers: list[Any]
+
+
+@dataclass
+class TimingRun:
+    samples: dict[str, list[float]] = field(default_factory=dict)
+    naive: dict[str, list[float]] = field(default_factory=dict)
+    failed_rounds: list[tuple[int, str]] = field(default_factory=list)
+
+
+class InputBank:
+    """A few pre-generated input sets on the device, and the per-round perturbation."""
+
+    def __init__(self, sets: list[list[Any]]) -> None:
+        self.sets = [leaves(s) for s in sets]
+        self.numels = [leaf.numel() if isinstance(leaf, torch.Tensor) else 0 for leaf in self.sets[0]]
+
+    def draw(self, rng: random.Random) -> tuple[int, list[tuple[int, int] | None]]:
+        index = rng.randrange(len(self.sets))
+        moves = [(rng.randrange(n), rng.randrange(n)) if n > 1 else None for n in self.numels]
+        return index, moves
+
+    def fill(self, buffers: list[Any], index: int, moves: list[tuple[int, int] | None]) -> None:
+        for buffer, source, move in zip(leaves(buffers), self.sets[index], moves, strict=True):
+            if not isinstance(buffer, torch.Tensor):
+                continue
+            with torch.no_grad():
+                buffer.copy_(source)
+                if move is not None and buffer.is_contiguous():
+                    flat = buffer.view(-1)
+                    flat[move[0] : move[0] + 1].copy_(flat[move[1] : move[1] + 1])
+
+
+class _Clock:
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.device = device
+        if self.cuda:
+            self.start = CudaEvent(enable_timing=True)
+            self.naive_end = CudaEvent(enable_timing=True)
+            self.end = CudaEvent(enable_timing=True)
+
+    def sync(self) -> None:
+        if self.cuda:
+            cuda_synchronize(self.device)
+
+    def measure(self, call: Callable[[], Any]) -> tuple[float, float | None, Any]:
+        if self.cuda:
+            self.start.record()
+            out = call()
+            self.naive_end.record()
+            cuda_synchronize(self.device)
+            self.end.record()
+            self.end.synchronize()
+            return self.start.elapsed_time(self.end), self.start.elapsed_time(self.naive_end), out
+        begin = perf_counter()
+        out = call()
+        finish = perf_counter()
+        return (finish - begin) * 1e3, None, out
+
+
+def run_timing(
+    subjects: list[Subject],
+    bank: InputBank,
+    *,
+    device: torch.device,
+    warmup: int,
+    trials: int,
+    flush_bytes: int,
+    rng: random.Random,
+    check_round: Callable[[dict[str, Any]], str | None] | None = None,
+    release: Callable[[dict[str, Any]], None] | None = None,
+    on_flush: Callable[[], None] | None = None,
+) -> TimingRun:
+    """Time every subject `trials` times after `warmup` rounds; `check_round` sees each round's
+    outputs and returns a problem or None; `release` disposes of them."""
+    clock = _Clock(device)
+    flush = torch.empty(flush_bytes, dtype=torch.uint8, device=device) if flush_bytes > 0 else None
+    run = TimingRun({s.label: [] for s in subjects}, {s.label: [] for s in subjects})
+    order = list(subjects)
+    for round_index in range(warmup + trials):
+        index, moves = bank.draw(rng)
+        seed = rng.getrandbits(31)
+        rng.shuffle(order)
+        outputs: dict[str, Any] = {}
+        for subject in order:
+            bank.fill(subject.buffers, index, moves)
+            if flush is not None:
+                flush.zero_()
+                if on_flush is not None:
+                    on_flush()
+            manual_seed(seed)
+            clock.sync()
+            call: Callable[[], Any] = functools.partial(subject.call, subject.buffers)
+            elapsed, naive, out = clock.measure(call)
+            if round_index >= warmup:
+                run.samples[subject.label].append(elapsed)
+                if naive is not None:
+                    run.naive[subject.label].append(naive)
+            outputs[subject.label] = out
+        if check_round is not None:
+            problem = check_round(outputs)
+            if problem is not None:
+                run.failed_rounds.append((round_index, problem))
+        if release is not None:
+            release(outputs)
+        del outputs
+    return run
+
+
+@dataclass(frozen=True)
+class Stats:
+    median_ms: float
+    mean_ms: float
+    min_ms: float
+    max_ms: float
+    iqr_ms: float
+    trials: int
+
+
+def stats(samples: list[float]) -> Stats:
+    ordered = sorted(samples)
+    if len(ordered) >= 2:
+        q = statistics.quantiles(ordered, n=4, method="inclusive")
+        iqr = q[2] - q[0]
+    else:
+        iqr = 0.0
+    return Stats(
+        median_ms=statistics.median(ordered),
+        mean_ms=statistics.fmean(ordered),
+        min_ms=ordered[0],
+        max_ms=ordered[-1],
+        iqr_ms=iqr,
+        trials=len(ordered),
+    )
+
+
+def bucket_speedups(reference: list[float], candidate: list[float], buckets: int = 7) -> list[float]:
+    """Speedup (median over median) in consecutive time buckets: their spread is how much the
+    speedup moved while it was measured."""
+    count = min(buckets, len(reference) // 3, len(candidate) // 3)
+    if count < 2:
+        return []
+    size = len(reference) // count
+    out = []
+    for b in range(count):
+        part = slice(b * size, (b + 1) * size if b < count - 1 else None)
+        c = statistics.median(candidate[part])
+        out.append(statistics.median(reference[part]) / c if c > 0 else float("inf"))
+    return out
+
+
+def coefficient_of_variation(values: list[float]) -> float:
+    if len(values) < 2:
+        return 0.0
+    mean = statistics.fmean(values)
+    return statistics.stdev(values) / mean if mean > 0 else float("inf")
+
+
+def escaped_work_ms(run: TimingRun, candidate: str, reference: str) -> float:
+    """How much more of the candidate's time than of the reference's happens off the current
+    stream (median full-minus-naive gap of the candidate minus that of the reference)."""
+    if not run.naive.get(candidate) or not run.naive.get(reference):
+        return 0.0
+    gap_c = statistics.median(
+        f - n for f, n in zip(run.samples[candidate], run.naive[candidate], strict=True)
+    )
+    gap_r = statistics.median(
+        f - n for f, n in zip(run.samples[reference], run.naive[reference], strict=True)
+    )
+    return gap_c - gap_r

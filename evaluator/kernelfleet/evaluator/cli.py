@@ -1,0 +1,191 @@
+"""`kernelfleet eval`: judge one candidate file against one reference file.
+
+    kernelfleet eval --reference REF.py --candidate CAND.py [--device cpu|cuda|cuda:N]
+                     [--profile strict|kernelbench-v0] [--trials N] [--json]
+
+The exit status is 0 whenever an evaluation completed, whatever the verdict, and 2 for bad
+usage or an unreadable file (or a reference that fails on its own), with a message that says
+which. With --json, stdout carries exactly one JSON object; everything else goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from kernelfleet.core.errors import UsageError
+from kernelfleet.core.models import EvaluationResult, Task
+from kernelfleet.evaluator import _reasons as R
+from kernelfleet.evaluator._config import BASELINE_MODES, EvalConfig
+from kernelfleet.evaluator._evaluator import Evaluator
+from kernelfleet.evaluator._tasks import missing_task_names
+
+
+def register(subcommands: argparse._SubParsersAction) -> None:
+    parser = subcommands.add_parser(
+        "eval",
+        help="judge one candidate (ModelNew) against one reference (Model)",
+        description=(
+            "Prove a candidate correct over fresh seeded trials and time it against the reference, "
+            "rejecting reward hacks by name. Exit status 0 whenever the evaluation completed."
+        ),
+    )
+    parser.add_argument(
+        "--reference", required=True, metavar="REF.py", help="task file: Model, get_inputs, ..."
+    )
+    parser.add_argument(
+        "--candidate", required=True, metavar="CAND.py", help="candidate file defining ModelNew"
+    )
+    parser.add_argument(
+        "--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available, else cpu)"
+    )
+    parser.add_argument("--profile", default="strict", choices=["strict", "kernelbench-v0"])
+    parser.add_argument(
+        "--trials", type=int, default=None, metavar="N", help="timed calls of each side (100)"
+    )
+    parser.add_argument(
+        "--correctness-trials", type=int, default=None, metavar="N", help="fresh-input trials (5)"
+    )
+    parser.add_argument("--warmup", type=int, default=None, metavar="N")
+    parser.add_argument(
+        "--require-kernel", action="store_true", help="demand a custom CUDA/C++ or Triton kernel"
+    )
+    parser.add_argument(
+        "--float64-reference", action="store_true", help="compare fp32 outputs to an fp64 run"
+    )
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--timeout", type=float, default=None, metavar="S", help="per-process limit (300 s)")
+    parser.add_argument("--baselines", action="store_true", help="also time eager, torch.compile, CUDA graph")
+    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    parser.set_defaults(handler=run)
+
+
+def _read(path_text: str, what: str) -> str:
+    path = Path(path_text)
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise UsageError(f"cannot read the {what} file {path}: {error}; check the path") from None
+
+
+def _default_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _config(args: argparse.Namespace) -> EvalConfig:
+    values: dict[str, Any] = {"device": args.device or _default_device(), "profile": args.profile}
+    if args.trials is not None:
+        values["timing_trials"] = args.trials
+    if args.correctness_trials is not None:
+        values["correctness_trials"] = args.correctness_trials
+    if args.warmup is not None:
+        values["warmup"] = args.warmup
+    if args.seed is not None:
+        values["seed"] = args.seed
+    if args.timeout is not None:
+        values["run_timeout_s"] = args.timeout
+        values["compile_timeout_s"] = max(args.timeout, 60.0)
+    values["require_kernel"] = args.require_kernel
+    values["float64_reference"] = args.float64_reference
+    try:
+        return EvalConfig(**values)
+    except ValidationError as error:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
+        raise UsageError(f"bad option: {problems}") from None
+
+
+def result_json(result: EvaluationResult, baselines: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The --json object: the contract's keys first, then the full result."""
+    data = result.model_dump(mode="json")
+    out: dict[str, Any] = {
+        "verdict": data["verdict"],
+        "reasons": data["reasons"],
+        "speedup": data["speedup"],
+        "reference_ms": result.reference_ms,
+        "candidate_ms": result.candidate_ms,
+        "environment": data["environment"],
+    }
+    out.update({key: value for key, value in data.items() if key not in out})
+    if baselines is not None:
+        out["baselines"] = baselines
+    return out
+
+
+def _table(result: EvaluationResult, reference: str, candidate: str) -> str:
+    env = result.environment
+    rows = [
+        ("reference", reference),
+        ("candidate", candidate),
+        ("verdict", str(result.verdict)),
+        ("speedup", f"{result.speedup:.3f}x" if result.speedup is not None else "-"),
+    ]
+    for label, timing in (("reference time", result.reference), ("candidate time", result.candidate)):
+        if timing is not None:
+            rows.append(
+                (label, f"{timing.median_ms:.4f} ms median (IQR {timing.iqr_ms:.4f}, {timing.trials} trials)")
+            )
+    if result.max_abs_error is not None:
+        rows.append(("max abs error", f"{result.max_abs_error:.3g}"))
+    rows.append(("profile", result.profile))
+    rows.append(
+        ("device", f"{env.device} ({env.gpu_class}), torch {env.torch}, evaluator {env.evaluator_version}")
+    )
+    if result.flagged_for_review:
+        rows.append(("review", "flagged: look at this result before trusting it"))
+    width = max(len(label) for label, _ in rows)
+    lines = [f"{label:<{width}}  {value}" for label, value in rows]
+    for text in result.reasons:
+        lines.append(f"{'reason':<{width}}  {text}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    reference = _read(args.reference, "reference")
+    candidate = _read(args.candidate, "candidate")
+    try:
+        missing = missing_task_names(reference)
+    except SyntaxError as error:
+        raise UsageError(
+            f"the reference {args.reference} is not valid Python ({error.msg}, line {error.lineno})"
+        ) from None
+    if missing:
+        raise UsageError(
+            f"the reference {args.reference} does not define {', '.join(missing)}; a task defines "
+            "class Model, get_inputs() and get_init_inputs()"
+        )
+    config = _config(args)
+    task = Task(name=Path(args.reference).stem, code=reference, source=args.reference)
+    with Evaluator(config) as evaluator:
+        if not args.json:
+            print(
+                f"evaluating {args.candidate} against {args.reference} on {config.device} ...",
+                file=sys.stderr,
+            )
+        result = evaluator.evaluate(task, candidate)
+        if R.REFERENCE_ERROR in R.codes(result.reasons):
+            raise UsageError(f"the reference {args.reference} fails on its own: {result.reasons[0]}")
+        baselines: dict[str, Any] | None = None
+        if args.baselines:
+            timings, missing_modes = evaluator.baselines_detail(task)
+            baselines = {mode: timings[mode].model_dump() for mode in BASELINE_MODES if mode in timings}
+            baselines.update({mode: {"unavailable": why} for mode, why in missing_modes.items()})
+    if args.json:
+        print(json.dumps(result_json(result, baselines)))
+    else:
+        print(_table(result, args.reference, args.candidate))
+        if baselines:
+            for mode, value in baselines.items():
+                text = (
+                    f"{value['median_ms']:.4f} ms"
+                    if "median_ms" in value
+                    else f"unavailable ({value['unavailable']})"
+                )
+                print(f"baseline {mode}: {text}")
+    return 0

@@ -1,0 +1,289 @@
+"""The evaluator's CUDA-only defences, on a real GPU: side streams, load_inline kernels (honest,
+stale memory, an illegal access), Triton, the L2 flush, CUDA-graph baselines, a batch over the
+GPUs. One load_inline extension holds every CUDA function the checks need, so the whole file
+pays for a single nvcc build (cached by source hash for reruns).
+
+Run on the GPU machine: `python -m pytest -m gpu tests/gpu/test_gpu_evaluator.py`.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from kernelfleet.core.models import EvaluationResult, Task, Verdict  # noqa: E402
+from kernelfleet.evaluator import EvalConfig, Evaluator  # noqa: E402
+from kernelfleet.evaluator import reasons as R  # noqa: E402
+from tests.unit import evaluator_cases as C  # noqa: E402
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+GPU = {
+    "device": "cuda:0",
+    "correctness_trials": 3,
+    "timing_trials": 20,
+    "warmup": 3,
+    "max_speedup_cv": None,
+    "speedup_recheck": None,
+    "run_timeout_s": 300.0,
+    "compile_timeout_s": 600.0,
+}
+
+BIG_MATMUL_TASK = C.MATMUL_TASK.replace("N = 128", "N = 2048")
+
+ELEMENTWISE_TASK = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x, y):
+        return x * 2.0 + y
+
+
+def get_inputs():
+    return [torch.randn(4096, 1024), torch.randn(4096, 1024)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+# One extension, three entry points: an honest kernel, a "kernel" that never writes its
+# output (stale memory), and one that writes through a null pointer.
+CUDA_EXTENSION = r'''
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+_CUDA = """
+__global__ void scale_add_kernel(const float* x, const float* y, float* out, long n) {
+  long i = blockIdx.x * (long)blockDim.x + threadIdx.x;
+  if (i < n) out[i] = 2.0f * x[i] + y[i];
+}
+__global__ void null_write_kernel(float* out) { float* p = nullptr; p[threadIdx.x] = out[0]; }
+
+torch::Tensor scale_add(torch::Tensor x, torch::Tensor y) {
+  auto out = torch::empty_like(x);
+  long n = x.numel();
+  scale_add_kernel<<<(n + 255) / 256, 256>>>(
+      x.data_ptr<float>(), y.data_ptr<float>(), out.data_ptr<float>(), n);
+  return out;
+}
+torch::Tensor stale(torch::Tensor x, torch::Tensor y) { return torch::empty_like(x); }
+torch::Tensor null_write(torch::Tensor x, torch::Tensor y) {
+  auto out = torch::empty_like(x);
+  null_write_kernel<<<1, 32>>>(out.data_ptr<float>());
+  return out;
+}
+"""
+_CPP = """
+torch::Tensor scale_add(torch::Tensor x, torch::Tensor y);
+torch::Tensor stale(torch::Tensor x, torch::Tensor y);
+torch::Tensor null_write(torch::Tensor x, torch::Tensor y);
+"""
+_ext = load_inline(name="kf_gpu_checks", cpp_sources=_CPP, cuda_sources=_CUDA,
+                   functions=["scale_add", "stale", "null_write"])
+
+
+class ModelNew(nn.Module):
+    def forward(self, x, y):
+        return _ext.ENTRY(x.contiguous(), y.contiguous())
+'''
+
+TRITON_KERNEL = """
+import torch
+import torch.nn as nn
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def scale_add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n
+    x = tl.load(x_ptr + offsets, mask=mask)
+    y = tl.load(y_ptr + offsets, mask=mask)
+    tl.store(out_ptr + offsets, 2.0 * x + y, mask=mask)
+
+
+class ModelNew(nn.Module):
+    def forward(self, x, y):
+        x, y = x.contiguous(), y.contiguous()
+        out = torch.empty_like(x)
+        n = x.numel()
+        scale_add_kernel[(triton.cdiv(n, 1024),)](x, y, out, n, BLOCK=1024)
+        return out
+"""
+
+TRITON_NEVER_LAUNCHED = """
+import torch
+import torch.nn as nn
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def scale_add_kernel(x_ptr, n, BLOCK: tl.constexpr):
+    pass
+
+
+class ModelNew(nn.Module):
+    def forward(self, x, y):
+        return x * 2.0 + y
+"""
+
+SIDE_STREAM_HACK = """
+import torch
+import torch.nn as nn
+
+_stream = None
+
+
+class ModelNew(nn.Module):
+    def forward(self, A, B):
+        global _stream
+        if _stream is None:
+            _stream = torch.cuda.Stream()
+        out = torch.empty(A.shape[0], B.shape[1], device=A.device)
+        _stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(_stream):
+            torch.mm(A, B, out=out)
+            out.relu_()
+        return out
+"""
+
+SIDE_STREAM_HONEST = SIDE_STREAM_HACK.replace(
+    "        return out\n", "        torch.cuda.current_stream().wait_stream(_stream)\n        return out\n"
+)
+
+TF32_DURING_CALL = """
+import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def forward(self, A, B):
+        torch.backends.cuda.matmul.allow_tf32 = True
+        out = torch.relu(A @ B)
+        torch.backends.cuda.matmul.allow_tf32 = False
+        return out
+"""
+
+CUDA_OOM = """
+import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def forward(self, x, y):
+        return torch.empty(1 << 46, dtype=torch.uint8, device=x.device)
+"""
+
+
+def judge(task_code: str, candidate: str, **overrides: Any) -> EvaluationResult:
+    with Evaluator(EvalConfig(**{**GPU, **overrides})) as evaluator:
+        return evaluator.evaluate(Task(name="gpu", code=task_code), candidate)
+
+
+def extension(entry: str) -> str:
+    return CUDA_EXTENSION.replace("ENTRY", entry)
+
+
+def test_side_stream_work_is_rejected_and_its_honest_twin_passes() -> None:
+    hack = judge(BIG_MATMUL_TASK, SIDE_STREAM_HACK)
+    assert hack.verdict == Verdict.REJECTED, hack.reasons
+    assert R.SIDE_STREAM in R.codes(hack.reasons)
+    honest = judge(BIG_MATMUL_TASK, SIDE_STREAM_HONEST)
+    assert honest.verdict == Verdict.CORRECT, honest.reasons
+    assert honest.speedup is not None
+
+
+def test_load_inline_kernel_honest_stale_and_illegal_access() -> None:
+    task = Task(name="elementwise", code=ELEMENTWISE_TASK)
+    with Evaluator(EvalConfig(**GPU, require_kernel=True)) as evaluator:
+        honest, stale, crash, after = evaluator.evaluate_batch(
+            [
+                (task, extension("scale_add")),
+                (task, extension("stale")),
+                (task, extension("null_write")),
+                (task, C.HONEST.replace("torch.relu(torch.mm(A, B))", "x * 2.0 + y").replace("A, B", "x, y")),
+            ],
+            progress=False,
+        )
+    assert honest.verdict == Verdict.CORRECT, (honest.reasons, honest.log)
+    assert stale.verdict == Verdict.REJECTED and R.STALE_MEMORY in R.codes(stale.reasons), stale.reasons
+    assert crash.verdict == Verdict.RUNTIME_ERROR, crash.reasons
+    # The poisoned CUDA context died with its process: the next candidate is judged normally
+    # (and, being plain torch under require_kernel, rejected for that reason alone).
+    assert after.verdict == Verdict.REJECTED and R.codes(after.reasons) & {R.NO_CUSTOM_KERNEL}
+
+
+def test_triton_kernel_passes_and_one_never_launched_is_caught() -> None:
+    honest = judge(ELEMENTWISE_TASK, TRITON_KERNEL, require_kernel=True)
+    assert honest.verdict == Verdict.CORRECT, (honest.reasons, honest.log)
+    idle = judge(ELEMENTWISE_TASK, TRITON_NEVER_LAUNCHED, require_kernel=True)
+    assert idle.verdict == Verdict.REJECTED, idle.reasons
+    assert R.codes(idle.reasons) & {R.CUSTOM_KERNEL_NOT_RUN, R.REFERENCE_FALLBACK, R.TORCH_FALLBACK}
+
+
+def test_tf32_for_the_duration_of_a_call_is_a_precision_downgrade() -> None:
+    result = judge(C.MATMUL_TASK, TF32_DURING_CALL)
+    assert result.verdict == Verdict.REJECTED
+    assert R.PRECISION_DOWNGRADE in R.codes(result.reasons)
+
+
+def test_cuda_out_of_memory_is_a_clear_verdict() -> None:
+    result = judge(ELEMENTWISE_TASK, CUDA_OOM)
+    assert result.verdict == Verdict.RUNTIME_ERROR
+    assert R.OUT_OF_MEMORY in R.codes(result.reasons)
+
+
+def test_the_l2_flush_is_larger_than_the_cache_and_runs_before_every_call() -> None:
+    from kernelfleet.evaluator._timing import InputBank, Subject, run_timing
+
+    config = EvalConfig(**GPU)
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    assert config.resolved_flush_bytes(on_cuda=True) >= 4 * l2
+    device = torch.device("cuda:0")
+    bank = InputBank([[torch.randn(1024, device=device)]])
+    flushes: list[int] = []
+    subjects = [
+        Subject(label, lambda b: b[0] * 2, [torch.empty(1024, device=device)]) for label in ("a", "b")
+    ]
+    run = run_timing(
+        subjects,
+        bank,
+        device=device,
+        warmup=1,
+        trials=10,
+        flush_bytes=config.resolved_flush_bytes(on_cuda=True),
+        rng=random.Random(0),
+        on_flush=lambda: flushes.append(1),
+    )
+    assert len(flushes) == 2 * 11
+    assert len(run.samples["a"]) == 10 and len(run.naive["a"]) == 10
+
+
+def test_baselines_on_the_gpu() -> None:
+    with Evaluator(EvalConfig(**GPU, baseline_trials=10)) as evaluator:
+        timings, missing = evaluator.baselines_detail(Task(name="elementwise", code=ELEMENTWISE_TASK))
+    assert {"eager", "cudagraph"} <= set(timings), missing
+    assert set(timings) | set(missing) == {"eager", "compile", "compile-reduce-overhead", "cudagraph"}
+    assert all(t.median_ms > 0 for t in timings.values())
+
+
+def test_a_batch_over_all_gpus() -> None:
+    task = Task(name="matmul", code=C.MATMUL_TASK)
+    items = [(task, C.HONEST + f"\n# variant {i}\n") for i in range(2 * torch.cuda.device_count())]
+    with Evaluator(EvalConfig(**{**GPU, "device": "cuda"})) as evaluator:
+        results = evaluator.evaluate_batch(items, progress=False)
+    assert all(r.verdict == Verdict.CORRECT for r in results), [r.reasons for r in results]
+    assert all(r.environment.gpu_class not in ("cpu", "") for r in results)
