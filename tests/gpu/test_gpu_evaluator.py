@@ -68,7 +68,9 @@ __global__ void scale_add_kernel(const float* x, const float* y, float* out, lon
   long i = blockIdx.x * (long)blockDim.x + threadIdx.x;
   if (i < n) out[i] = 2.0f * x[i] + y[i];
 }
-__global__ void null_write_kernel(float* out) { float* p = nullptr; p[threadIdx.x] = out[0]; }
+// A write far outside any allocation. Through a runtime offset, so that the compiler cannot
+// prove the access undefined and drop it (a literal null store may be removed as UB).
+__global__ void wild_write_kernel(float* out, long long offset) { out[offset + threadIdx.x] = 1.0f; }
 
 torch::Tensor scale_add(torch::Tensor x, torch::Tensor y) {
   auto out = torch::empty_like(x);
@@ -80,7 +82,7 @@ torch::Tensor scale_add(torch::Tensor x, torch::Tensor y) {
 torch::Tensor stale(torch::Tensor x, torch::Tensor y) { return torch::empty_like(x); }
 torch::Tensor null_write(torch::Tensor x, torch::Tensor y) {
   auto out = torch::empty_like(x);
-  null_write_kernel<<<1, 32>>>(out.data_ptr<float>());
+  wild_write_kernel<<<1, 32>>>(out.data_ptr<float>(), 1LL << 40);
   return out;
 }
 """
