@@ -51,7 +51,7 @@ def _gpu_job(name: str, product: str | None, gpus: int, completions: int = 1) ->
     }
 
 
-def test_h100_job_is_bound_to_an_h100_node_and_completes(cluster) -> None:  # type: ignore[no-untyped-def]
+def test_h100_job_is_bound_to_an_h100_node_and_completes(cluster) -> None:
     cluster.batch.create_namespaced_job(
         cluster.namespace, _gpu_job("h100-job", "NVIDIA-H100-80GB-HBM3", 1, 3)
     )
@@ -75,7 +75,7 @@ def test_h100_job_is_bound_to_an_h100_node_and_completes(cluster) -> None:  # ty
     _wait("the Job to complete", job_complete)
 
 
-def test_job_asking_for_more_gpus_than_any_node_has_stays_pending(cluster) -> None:  # type: ignore[no-untyped-def]
+def test_job_asking_for_more_gpus_than_any_node_has_stays_pending(cluster) -> None:
     cluster.batch.create_namespaced_job(cluster.namespace, _gpu_job("too-big", None, 16))
 
     def unschedulable_pod() -> Any:
@@ -94,7 +94,7 @@ def test_job_asking_for_more_gpus_than_any_node_has_stays_pending(cluster) -> No
     assert "nvidia.com/gpu" in condition.message
 
 
-def test_gpu_nodes_are_ready_with_gfd_labels(cluster) -> None:  # type: ignore[no-untyped-def]
+def test_gpu_nodes_are_ready_with_gfd_labels(cluster) -> None:
     def ready_nodes() -> list[Any]:
         nodes = cluster.core.list_node().items
         ready = [

@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 import yaml
-from kernelfleet.core.resources import GROUP, VERSION
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from kernelfleet.core.resources import GROUP, VERSION
 from tests._servers._process import binary
 from tests._servers.kube import GPU_POOLS
 

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_minio_round_trip(minio) -> None:  # type: ignore[no-untyped-def]
+def test_minio_round_trip(minio) -> None:
     client = minio.client()
     payload = b"kernelfleet " * 1000
     client.put_object(
@@ -31,7 +31,7 @@ def test_minio_round_trip(minio) -> None:  # type: ignore[no-untyped-def]
     assert [o.object_name for o in client.list_objects(bucket_name=minio.bucket, prefix="a/")] == ["a/b.txt"]
 
 
-def _apply_crd(kube, name: str) -> None:  # type: ignore[no-untyped-def]
+def _apply_crd(kube, name: str) -> None:
     document = yaml.safe_load((ROOT / "crds" / name).read_text())
     try:
         kube.apiextensions.create_custom_resource_definition(document)
@@ -51,7 +51,7 @@ def _apply_crd(kube, name: str) -> None:  # type: ignore[no-untyped-def]
     raise AssertionError("CRD never became Established")
 
 
-def test_crd_schema_rejects_a_bad_optimization_job(kube) -> None:  # type: ignore[no-untyped-def]
+def test_crd_schema_rejects_a_bad_optimization_job(kube) -> None:
     _apply_crd(kube, "optimizationjobs.yaml")
     good = {
         "apiVersion": f"{GROUP}/{VERSION}",
@@ -78,7 +78,7 @@ def test_crd_schema_rejects_a_bad_optimization_job(kube) -> None:  # type: ignor
     assert "spec.gpuClasses[0]" in message
 
 
-def test_api_server_reports_its_real_version(kube) -> None:  # type: ignore[no-untyped-def]
+def test_api_server_reports_its_real_version(kube) -> None:
     from kubernetes import client
 
     version = client.VersionApi(kube.api_client).get_code()
@@ -86,7 +86,7 @@ def test_api_server_reports_its_real_version(kube) -> None:  # type: ignore[no-u
     assert (version.major, version.minor) == ("1", "37")
 
 
-def test_rbac_is_enforced(kube, kube_plane) -> None:  # type: ignore[no-untyped-def]
+def test_rbac_is_enforced(kube, kube_plane) -> None:
     """A user without bindings is denied: RBAC is on, not AlwaysAllow."""
     from kubernetes import client, config
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import yaml
+
 from kernelfleet.core.resources import GROUP, VERSION, OptimizationJobSpec, TrainingRunSpec
 
 pytestmark = pytest.mark.unit
