@@ -64,6 +64,8 @@ fi
 
 if [[ -n "${OUT:-}" ]]; then
   mkdir -p "$OUT/results"
-  cp "$RESULTS"/*"$STAMP"* "$OUT/results/" 2>/dev/null || true
+  # Only what this call wrote: the device returns at most 8 files.
+  cp "$ENVFILE" "$LOG" "$OUT/results/"
+  find "$RESULTS" -maxdepth 1 -type f -newer "$ENVFILE" ! -name "$(basename "$LOG")" -exec cp {} "$OUT/results/" \;
 fi
 grep -E "^=== .*exit" "$LOG"
