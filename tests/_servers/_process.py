@@ -1,4 +1,5 @@
-"""Start a server process, wait until it is ready, stop it; find free ports and binaries."""
+"""Start a server process, wait until it is ready, stop it; find free ports and binaries; poll
+until a condition holds."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 BUILD_HINT = "run `make binaries` (scripts/build-test-binaries.sh) to build it"
 
@@ -30,6 +32,17 @@ def binary(name: str) -> Path:
     if not (path.is_file() and os.access(path, os.X_OK)):
         raise FileNotFoundError(f"test server binary '{name}' not found in {bin_dir()}: {BUILD_HINT}")
     return path
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float) -> Any:
+    """The first truthy value of `check()`, polled until `timeout` seconds have passed."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}")
 
 
 def free_port() -> int:

@@ -3,23 +3,17 @@ kwok completes them, and a Job no node can hold stays Pending."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 
+from tests._servers._process import wait_for
+
 pytestmark = pytest.mark.e2e
 
 
-def _wait(what: str, check: Callable[[], Any], timeout: float = 90.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}")
+# How long the scheduler and kwok get for each step.
+WAIT_S = 90.0
 
 
 def _gpu_job(name: str, product: str | None, gpus: int, completions: int = 1) -> dict[str, Any]:
@@ -60,7 +54,7 @@ def test_h100_job_is_bound_to_an_h100_node_and_completes(cluster) -> None:
         pods = cluster.core.list_namespaced_pod(cluster.namespace, label_selector="job-name=h100-job").items
         return pods if len(pods) == 3 and all(p.spec.node_name for p in pods) else []
 
-    pods = _wait("pods bound to nodes", pods_bound)
+    pods = wait_for("pods bound to nodes", pods_bound, timeout=WAIT_S)
     for pod in pods:
         node = cluster.core.read_node(pod.spec.node_name)
         assert node.metadata.labels["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3", pod.spec.node_name
@@ -72,7 +66,7 @@ def test_h100_job_is_bound_to_an_h100_node_and_completes(cluster) -> None:
             and any(c.type == "Complete" and c.status == "True" for c in (status.conditions or []))
         )
 
-    _wait("the Job to complete", job_complete)
+    wait_for("the Job to complete", job_complete, timeout=WAIT_S)
 
 
 def test_job_asking_for_more_gpus_than_any_node_has_stays_pending(cluster) -> None:
@@ -86,7 +80,7 @@ def test_job_asking_for_more_gpus_than_any_node_has_stays_pending(cluster) -> No
                     return pod
         return None
 
-    pod = _wait("the scheduler to report the pod unschedulable", unschedulable_pod)
+    pod = wait_for("the scheduler to report the pod unschedulable", unschedulable_pod, timeout=WAIT_S)
     assert pod.status.phase == "Pending"
     assert pod.spec.node_name is None
     condition = next(c for c in pod.status.conditions if c.type == "PodScheduled")
@@ -104,7 +98,7 @@ def test_gpu_nodes_are_ready_with_gfd_labels(cluster) -> None:
         ]
         return ready if len(ready) == 8 else []
 
-    nodes = _wait("8 Ready nodes", ready_nodes)
+    nodes = wait_for("8 Ready nodes", ready_nodes, timeout=WAIT_S)
     products = {n.metadata.labels["nvidia.com/gpu.product"] for n in nodes}
     assert products == {
         "NVIDIA-A100-SXM4-80GB",

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from kernelfleet.core.resources import GROUP, VERSION
-from tests._servers._process import binary
+from tests._servers._process import binary, wait_for
 from tests._servers.kube import GPU_POOLS
 
 pytestmark = pytest.mark.e2e
@@ -31,16 +30,6 @@ pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "kernelfleet"
 CRDS = ("optimizationjobs.kernelfleet.io", "trainingruns.kernelfleet.io")
-
-
-def _wait(what: str, check: Callable[[], Any], timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 class Helm:
@@ -162,7 +151,7 @@ def test_install_creates_crds_operator_rbac_and_pools_then_uninstall_keeps_the_c
     notes = helm.install()
     assert "GPU classes" in notes and "no store is configured" in notes
     for name in CRDS:
-        _wait(f"CRD {name} to be established", partial(_established, cluster, name))
+        wait_for(f"CRD {name} to be established", partial(_established, cluster, name), timeout=60.0)
 
     apps: Any = client.AppsV1Api(cluster.api_client)
     deployment = apps.read_namespaced_deployment(f"{helm.fullname}-operator", cluster.namespace)
@@ -222,7 +211,7 @@ def test_api_server_accepts_the_example_unchanged(
 ) -> None:
     helm.install()
     for name in CRDS:
-        _wait(f"CRD {name} to be established", partial(_established, cluster, name))
+        wait_for(f"CRD {name} to be established", partial(_established, cluster, name), timeout=60.0)
     document = yaml.safe_load((ROOT / "examples" / example).read_text())
     assert document["apiVersion"] == f"{GROUP}/{VERSION}"
     cluster.custom.create_namespaced_custom_object(GROUP, VERSION, cluster.namespace, plural, document)
@@ -283,7 +272,7 @@ def test_pool_configuration_alone_places_a_gpu_pod_on_its_class(cluster: Any, he
             return pods[0] if pods and pods[0].spec.node_name else None
 
         try:
-            pod = _wait(f"the {gpu_class} pod to be bound", bound, timeout=90.0)
+            pod = wait_for(f"the {gpu_class} pod to be bound", bound, timeout=90.0)
         except AssertionError as error:
             pods = cluster.core.list_namespaced_pod(
                 cluster.namespace, label_selector=f"job-name=on-{gpu_class}"

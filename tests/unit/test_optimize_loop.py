@@ -12,7 +12,6 @@ from kernelfleet.trainer import (
     Budget,
     CompilePolicy,
     LoopSettings,
-    OptimizationLoop,
     QuietProgress,
     ReplayPolicy,
     ReplayRow,
@@ -47,10 +46,18 @@ def climbing(request: Request) -> str:
 
 
 def run(
-    store: Store, evaluator: ScriptedEvaluator, policies: list, budget: Budget, **settings: object
+    store: Store,
+    evaluator: ScriptedEvaluator,
+    policies: list,
+    budget: Budget,
+    *,
+    tasks: list | None = None,
+    progress: QuietProgress | None = None,
+    **settings: object,
 ) -> list:
+    """The loop over `tasks` (by default alpha and beta); pass `progress` to read its messages."""
     return optimize(
-        [make_task("alpha", 2), make_task("beta", 3)],
+        tasks or [make_task("alpha", 2), make_task("beta", 3)],
         policies,
         store=store,
         prefix=PREFIX,
@@ -58,7 +65,7 @@ def run(
         environment=evaluator.environment,
         budget=budget,
         settings=LoopSettings(**settings),  # type: ignore[arg-type]
-        progress=QuietProgress(),
+        progress=progress or QuietProgress(),
     )
 
 
@@ -253,16 +260,14 @@ def test_transient_failures_are_not_recorded_and_are_asked_again(store: Store) -
 
     progress = QuietProgress()
     evaluator = ScriptedEvaluator()
-    loop = OptimizationLoop(
-        store=store,
-        prefix=PREFIX,
-        evaluator=evaluator,
-        environment=evaluator.environment,
-        policies=[ScriptedPolicy(flaky)],
-        budget=Budget(rounds=1, samples_per_round=2),
+    run(
+        store,
+        evaluator,
+        [ScriptedPolicy(flaky)],
+        Budget(rounds=1, samples_per_round=2),
+        tasks=[make_task("alpha")],
         progress=progress,
     )
-    loop.run([make_task("alpha")])
     assert any("scripted outage" in message for message in progress.messages)
     layout = RunLayout(PREFIX)
     task = make_task("alpha")
@@ -278,16 +283,14 @@ def test_a_variant_that_fails_verification_is_not_reported(store: Store) -> None
 
     evaluator.fail_verification.add(source_hash(best_code))
     progress = QuietProgress()
-    loop = OptimizationLoop(
-        store=store,
-        prefix=PREFIX,
-        evaluator=evaluator,
-        environment=evaluator.environment,
-        policies=[policy],
-        budget=Budget(rounds=2, samples_per_round=2),
+    (summary,) = run(
+        store,
+        evaluator,
+        [policy],
+        Budget(rounds=2, samples_per_round=2),
+        tasks=[make_task("alpha")],
         progress=progress,
     )
-    (summary,) = loop.run([make_task("alpha")])
     assert summary.best_speedup == pytest.approx(2.0)
     assert summary.best_variant_hash != source_hash(best_code)
     assert len(evaluator.verified) == 2
@@ -343,17 +346,15 @@ def test_deterministic_policies_run_until_exhausted(store: Store) -> None:
 def test_a_broken_task_stops_without_blaming_its_variants(store: Store) -> None:
     evaluator = ScriptedEvaluator()
     progress = QuietProgress()
-    loop = OptimizationLoop(
-        store=store,
-        prefix=PREFIX,
-        evaluator=evaluator,
-        environment=evaluator.environment,
-        policies=[ScriptedPolicy(climbing)],
-        budget=Budget(rounds=3, samples_per_round=2),
+    broken, good = run(
+        store,
+        evaluator,
+        [ScriptedPolicy(climbing)],
+        Budget(rounds=3, samples_per_round=2),
+        tasks=[make_task("broken"), make_task("good", 3)],
         progress=progress,
-        settings=LoopSettings(eval_batch_size=1),
+        eval_batch_size=1,
     )
-    broken, good = loop.run([make_task("broken"), make_task("good", 3)])
     assert (broken.stop_reason, broken.rounds, broken.variants) == ("task-error", 1, 0)
     assert good.stop_reason == "rounds" and good.best_speedup == pytest.approx(3.1)
     assert [name for name, _ in evaluator.evaluated].count("broken") == 1

@@ -134,6 +134,8 @@ def child_main(job: Job, conn: Any) -> None:
     os.environ.update(job.env)
     try:
         result = _MODES[job.mode](job)
+    except ReferenceFailure as error:
+        result = {"status": "reference-error", "error": str(error)}
     except BaseException:
         result = {"status": "internal-error", "error": traceback.format_exc()[-4000:]}
     try:
@@ -728,13 +730,17 @@ def _verdict(session: Session) -> str:
     return "correct"
 
 
-def evaluate(job: Job) -> dict[str, Any]:
+def _reference_session(job: Job) -> Session:
+    """A session with torch set up and the reference loaded; ReferenceFailure if it does not
+    load, which `child_main` answers as a `reference-error`."""
     session = Session(job)
     session.setup_torch()
-    try:
-        session.load_reference()
-    except ReferenceFailure as error:
-        return {"status": "reference-error", "error": str(error)}
+    session.load_reference()
+    return session
+
+
+def evaluate(job: Job) -> dict[str, Any]:
+    session = _reference_session(job)
     session.snapshot()
     timing: dict[str, Any] = {}
     try:
@@ -774,12 +780,7 @@ def build(job: Job) -> dict[str, Any]:
 
 def baselines(job: Job) -> dict[str, Any]:
     """Time the reference as is, under torch.compile in two modes, and as a CUDA graph."""
-    session = Session(job)
-    session.setup_torch()
-    try:
-        session.load_reference()
-    except ReferenceFailure as error:
-        return {"status": "reference-error", "error": str(error)}
+    session = _reference_session(job)
     sets = session.bank_sets()
     bank = InputBank(sets)
     unavailable: dict[str, str] = {}
