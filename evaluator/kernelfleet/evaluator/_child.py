@@ -218,6 +218,21 @@ def _release(value: Any, protected: set[int]) -> None:
             poison_(leaf)
 
 
+def pin_inductor_threads() -> None:
+    """Make torch.compile's C++ kernels use this process's thread count, and key them by it.
+
+    Inductor writes the OpenMP team size of the compiling process into each CPU kernel
+    (`#pragma omp parallel num_threads(N)`) but leaves the thread count out of its cache key,
+    so a child that runs on one thread reused kernels compiled by a process with more threads
+    (the parent, a test, a run with `cpu_threads=None`): every compiled call then forced a team
+    of N threads that the cores, shared with the other side and other jobs, could not serve,
+    and the compile baselines measured 10-20x slower than eager. Pinning `cpp.threads` (part of
+    the cache key) gives the compiled code the same threads as the eager reference."""
+    import torch._inductor.config as inductor_config
+
+    inductor_config.cpp.threads = torch.get_num_threads()
+
+
 # ---------------------------------------------------------------- the session
 
 
@@ -251,6 +266,7 @@ class Session:
             G.apply_strict_fp32()
         if not self.cuda and self.config.cpu_threads is not None:
             torch.set_num_threads(self.config.cpu_threads)
+        pin_inductor_threads()
         torch.set_grad_enabled(not self.profile.no_grad)
 
     def sync(self) -> None:
