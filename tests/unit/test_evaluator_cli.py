@@ -38,7 +38,13 @@ def test_json_output_and_status_zero(
         assert key in out
     assert {"device", "torch", "evaluator_version"} <= set(out["environment"])
     if verdict == "correct":
-        assert out["speedup"] > 0 and out["reference_ms"] > 0 and out["candidate_ms"] > 0
+        assert out["reference_ms"] > 0 and out["candidate_ms"] > 0
+        # A loaded machine can make the variance gate refuse the speedup: then it is null, and the
+        # reasons say so. Either way the contract holds, and the test does not depend on the load.
+        if out["speedup"] is None:
+            assert any(reason.startswith("timing-noisy") for reason in out["reasons"]), out["reasons"]
+        else:
+            assert out["speedup"] > 0
     else:
         assert out["speedup"] is None and out["reasons"]
 
