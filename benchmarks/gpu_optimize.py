@@ -41,9 +41,9 @@ from kernelfleet.trainer import (
     CompilePolicy,
     LiveProgress,
     LoopSettings,
-    OptimizationLoop,
     Policy,
     ReplayPolicy,
+    optimize,
     speedup_stats,
 )
 
@@ -222,18 +222,18 @@ def main(argv: list[str] | None = None) -> int:
         ]
         for label, policies in plans:
             print(f"== run {label}", file=sys.stderr)
-            loop = OptimizationLoop(
+            runs[label] = optimize(
+                tasks,
+                policies,
                 store=store,
                 prefix=prefix,
                 evaluator=evaluator,
                 environment=environment,
-                policies=policies,
                 # One round proposes every variant; a second one lets the loop notice exhaustion.
                 budget=Budget(rounds=2, samples_per_round=8, wall_time_s=args.wall_time),
                 settings=settings,
                 progress=LiveProgress(),
             )
-            runs[label] = loop.run(tasks)
 
     results: dict[str, list[EvaluationResult]] = {}
     for result in store.list_results(prefix):

@@ -20,7 +20,7 @@ from kernelfleet.core.errors import UsageError
 from kernelfleet.core.models import Environment, Task
 from kernelfleet.core.store import ObjectConflict, Store, open_store
 from kernelfleet.trainer._layout import RUN_ID, RunLayout, RunManifest
-from kernelfleet.trainer._loop import Budget, LoopSettings, OptimizationLoop
+from kernelfleet.trainer._loop import Budget, LoopSettings, optimize
 from kernelfleet.trainer._policy import Policy, PolicyError
 from kernelfleet.trainer._progress import LiveProgress, QuietProgress
 from kernelfleet.trainer._report import (
@@ -306,17 +306,17 @@ def run_optimize(args: argparse.Namespace) -> int:
                 "Run the same command again to resume.",
                 file=sys.stderr,
             )
-            loop = OptimizationLoop(
+            summaries = optimize(
+                tasks,
+                policies,
                 store=store,
                 prefix=layout.prefix,
                 evaluator=evaluator,
                 environment=environment,
-                policies=policies,
                 budget=budget,
                 settings=settings,
                 progress=progress,
             )
-            summaries = loop.run(tasks)
     except PolicyError as error:
         raise UsageError(str(error)) from None
     finally:
