@@ -13,11 +13,11 @@ TORCH  ?= torch==2.11.0
 
 .PHONY: install binaries demo test test-unit lint gpu-check clean
 
-$(STAMP): pyproject.toml core/pyproject.toml evaluator/pyproject.toml trainer/pyproject.toml operator/pyproject.toml
+$(STAMP): pyproject.toml core/pyproject.toml evaluator/pyproject.toml search/pyproject.toml trainer/pyproject.toml operator/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH)"
-	$(PY) -m pip install -q -e ./core -e ./evaluator -e ./trainer -e ./operator -e '.[dev]'
+	$(PY) -m pip install -q -e ./core -e ./evaluator -e ./search -e ./trainer -e ./operator -e '.[dev]'
 	touch $(STAMP)
 
 install: $(STAMP)

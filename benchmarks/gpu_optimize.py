@@ -15,7 +15,7 @@ compile policy's plain `torch.compile` variant reached in the same protocol (int
 eager, same process), which needs no separate baseline measurement; `--baselines` also measures
 the evaluator's own eager/torch.compile baselines per task.
 
-    PYTHONPATH=core:evaluator:trainer python benchmarks/gpu_optimize.py --out benchmarks/results
+    PYTHONPATH=core:evaluator:search python benchmarks/gpu_optimize.py --out benchmarks/results
 
 Writes `gpu_optimize-<date>.json` and `.md` into --out.
 """
@@ -36,7 +36,7 @@ from kernelfleet.core.hashing import source_hash
 from kernelfleet.core.models import EvaluationResult, TaskSummary, Verdict
 from kernelfleet.core.store import open_store
 from kernelfleet.evaluator import EvalConfig, Evaluator, load_tasks
-from kernelfleet.trainer import (
+from kernelfleet.search import (
     Budget,
     CompilePolicy,
     LiveProgress,

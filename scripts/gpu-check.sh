@@ -16,8 +16,8 @@ if compgen -G ".whl/*.whl" >/dev/null; then
     || { echo "gpu-check: installing the carried wheels failed" >&2; exit 1; }
   export PYTHONPATH="/tmp/site:${PYTHONPATH:-}"
 fi
-export PYTHONPATH="$PWD/core:$PWD/evaluator:$PWD/trainer:$PWD:${PYTHONPATH:-}"
-export PYTHONUNBUFFERED=1 KERNELFLEET_KERNELBENCH_DIR="${KERNELFLEET_KERNELBENCH_DIR:-$PWD/.kb}"
+export PYTHONPATH="$PWD/core:$PWD/evaluator:$PWD/search:$PWD/trainer:$PWD:${PYTHONPATH:-}"
+export PYTHONUNBUFFERED=1
 
 STAMP=$(date -u +%Y-%m-%d)
 RESULTS=benchmarks/results; mkdir -p "$RESULTS"

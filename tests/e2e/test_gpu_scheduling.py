@@ -9,7 +9,6 @@ import pytest
 
 from tests._servers._process import wait_for
 
-pytestmark = pytest.mark.e2e
 
 
 # How long the scheduler and kwok get for each step.

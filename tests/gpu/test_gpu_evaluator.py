@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 from kernelfleet.core.models import EvaluationResult, Task, Verdict  # noqa: E402
 from kernelfleet.evaluator import EvalConfig, Evaluator  # noqa: E402
 from kernelfleet.evaluator import reasons as R  # noqa: E402
-from tests.unit import evaluator_cases as C  # noqa: E402
+from tests.support import evaluator_cases as C  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,

@@ -19,7 +19,6 @@ import yaml
 
 from tests._servers._process import binary
 
-pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "kernelfleet"

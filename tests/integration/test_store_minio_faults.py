@@ -18,7 +18,6 @@ from kernelfleet.core.config import RetrySettings, StoreConfig
 from kernelfleet.core.errors import StoreError
 from kernelfleet.core.store import NotFound, S3Store, StoreUnavailable, open_store
 
-pytestmark = pytest.mark.integration
 
 MIB = 1024 * 1024
 # Patient enough to outlast a restart of the server, quick enough to keep the test short.

@@ -14,12 +14,12 @@ with named defences against the reward hacks that have fooled earlier harnesses:
 `docs/evaluator.md` describes the protocol and every defence.
 """
 
-from kernelfleet.evaluator import _reasons as reasons
+from kernelfleet.core import reasons
 from kernelfleet.evaluator._cache import DirectoryResultCache, ResultCache
 from kernelfleet.evaluator._config import BASELINE_MODES, PROFILES, EvalConfig, Profile
 from kernelfleet.evaluator._environment import gpu_class
 from kernelfleet.evaluator._evaluator import Evaluator, TaskError, timing_from
-from kernelfleet.evaluator._tasks import kernelbench_dir, load_tasks
+from kernelfleet.core.tasks import kernelbench_dir, load_tasks
 from kernelfleet.evaluator._version import EVALUATOR_VERSION
 
 __all__ = [

@@ -29,7 +29,7 @@ from tqdm import tqdm
 from kernelfleet.core.errors import UsageError
 from kernelfleet.core.hashing import source_hash
 from kernelfleet.core.models import Environment, EvaluationResult, ResultKey, Task, Timing, Variant, Verdict
-from kernelfleet.evaluator import _reasons as R
+from kernelfleet.core import reasons as R
 from kernelfleet.evaluator._cache import ResultCache
 from kernelfleet.evaluator._child import Job
 from kernelfleet.evaluator._config import EvalConfig

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
-from kernelfleet.evaluator import _reasons as R
+from kernelfleet.core import reasons as R
 from kernelfleet.evaluator._config import Profile
 from kernelfleet.evaluator._guards import allclose, tensor_equal
 

@@ -20,10 +20,10 @@ from pydantic import ValidationError
 
 from kernelfleet.core.errors import UsageError
 from kernelfleet.core.models import EvaluationResult, Task
-from kernelfleet.evaluator import _reasons as R
+from kernelfleet.core import reasons as R
 from kernelfleet.evaluator._config import BASELINE_MODES, EvalConfig
 from kernelfleet.evaluator._evaluator import Evaluator
-from kernelfleet.evaluator._tasks import missing_task_names
+from kernelfleet.core.tasks import missing_task_names
 
 
 def register(subcommands: argparse._SubParsersAction) -> None:

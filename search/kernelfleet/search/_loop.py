@@ -1,0 +1,598 @@
+"""The contrastive optimisation loop: propose, evaluate, remember, show the policy what worked.
+
+One round, for every task still active:
+1. each policy is asked for `samples_per_round` variants; a language-model policy sees the task
+   and up to K earlier variants with their measured speedups, drawn from distinct speedup
+   buckets (see `_database`);
+2. every answer is stored as a sample, usable or not; unusable ones cost no GPU time;
+3. new code, deduplicated by hash, is evaluated in batches; every result goes to the store as
+   it arrives, and into the task's variant database;
+4. a task stops when it reaches the target speedup or its policies have nothing more to offer.
+When the search ends, the best variant is re-verified in a fresh evaluation, the baselines
+(eager, torch.compile) are measured, and a summary is written last.
+
+Rounds are processed task-parallel ("round-major") rather than task after task, so that an
+endpoint receives all of a round's prompts at once and the evaluator can spread a batch over
+every local GPU.
+
+Resuming is replay: a sample already in the store is used instead of asking the policy again,
+a result already in the store is used instead of evaluating again, and a summary already in
+the store means the task is done. A run killed at any point therefore loses at most the
+answers and evaluations that were in flight.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import random
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from kernelfleet.core.errors import UsageError
+from kernelfleet.core.models import (
+    Environment,
+    EvaluationResult,
+    ResultKey,
+    Task,
+    TaskSummary,
+    Timing,
+    Verdict,
+)
+from kernelfleet.core.store import NotFound, ObjectConflict, Store
+from kernelfleet.search.policies._compile import COMPILE_DEFAULT
+from kernelfleet.search._database import Entry, VariantDatabase
+from kernelfleet.search._layout import ANSWER_LIMIT, RunLayout, SampleRecord, task_object
+from kernelfleet.search.policies._base import Policy, Proposal, Request
+from kernelfleet.search._progress import Progress, QuietProgress
+from kernelfleet.search._prompts import Exemplar
+
+
+class EvaluatorLike(Protocol):
+    """What the loop needs of `kernelfleet.evaluator.Evaluator`."""
+
+    def evaluate(self, task: Task, code: str) -> EvaluationResult: ...
+
+    def evaluate_batch(
+        self, items: list[tuple[Task, str]], cache: Any = None, progress: bool = True
+    ) -> list[EvaluationResult]: ...
+
+    def baselines(self, task: Task) -> dict[str, Timing]: ...
+
+
+@dataclass(frozen=True)
+class Budget:
+    """When to stop. Rounds and samples shape the search; the rest cut it short.
+
+    `wall_time_s` counts this call only; `gpu_seconds` counts every evaluation of the run, those
+    of earlier, resumed calls included; `target_speedup` applies to each task.
+    """
+
+    rounds: int = 4
+    samples_per_round: int = 4
+    wall_time_s: float | None = None
+    gpu_seconds: float | None = None
+    target_speedup: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.rounds < 1 or self.samples_per_round < 1:
+            raise UsageError("rounds and samples per round must be at least 1")
+        if self.wall_time_s is not None and self.wall_time_s <= 0:
+            raise UsageError("the wall-time budget must be positive")
+        if self.gpu_seconds is not None and self.gpu_seconds <= 0:
+            raise UsageError("the GPU-seconds budget must be positive")
+        if self.target_speedup is not None and self.target_speedup <= 0:
+            raise UsageError("the target speedup must be positive")
+
+    def fingerprint(self) -> str:
+        text = repr(
+            (self.rounds, self.samples_per_round, self.wall_time_s, self.gpu_seconds, self.target_speedup)
+        )
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    """How the loop searches, as opposed to how long (`Budget`)."""
+
+    exemplars: int = 2
+    bucket_temperature: float = 1.0
+    bucket_width: float = 0.1
+    eval_batch_size: int = 8
+    verify_attempts: int = 3
+    verify_best: bool = True
+    measure_baselines: bool = True
+    seed: int = 0
+
+
+@dataclass
+class _TaskState:
+    task: Task
+    db: VariantDatabase
+    exhausted: set[str] = field(default_factory=set)
+    proposed: set[str] = field(default_factory=set)
+    samples: int = 0
+    rounds_run: int = 0
+    best_seen: float | None = None
+    task_error: str = ""
+    summary: TaskSummary | None = None
+
+    def seen(self) -> frozenset[str]:
+        return frozenset(self.proposed) | frozenset(entry.variant_hash for entry in self.db)
+
+    def note(self, record: SampleRecord) -> None:
+        self.samples += 1
+        if record.key:
+            self.proposed.add(record.key)
+        if record.variant_hash:
+            self.proposed.add(record.variant_hash)
+
+
+class _ResultSink:
+    """The evaluator's result cache, backed by the store: each result is kept as it arrives."""
+
+    def __init__(self, loop: OptimizationLoop) -> None:
+        self._loop = loop
+
+    def get(self, key: ResultKey) -> EvaluationResult | None:
+        return self._loop._known.get(key)
+
+    def put(self, result: EvaluationResult) -> None:
+        self._loop._record_result(result)
+
+
+# The evaluator's reason code for a task whose own reference fails: the task is at fault, not
+# the variant, so such a result is neither stored nor counted, and the task stops.
+REFERENCE_ERROR = "reference-error"
+COMPILE_POLICY = "compile"
+
+
+def _seed(*parts: object) -> int:
+    return int(hashlib.sha256(":".join(str(part) for part in parts).encode()).hexdigest()[:12], 16)
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class OptimizationLoop:
+    """Runs the loop for a set of tasks on one device; see the module docstring.
+
+    `prefix` is the run's root in the store: `runs/<id>` locally, the job's uid prefix on a
+    cluster. `environment` is the evaluator's: its GPU class and version key the results.
+    """
+
+    def __init__(
+        self,
+        *,
+        store: Store,
+        prefix: str,
+        evaluator: EvaluatorLike,
+        environment: Environment,
+        policies: Sequence[Policy],
+        budget: Budget | None = None,
+        settings: LoopSettings | None = None,
+        progress: Progress | None = None,
+    ) -> None:
+        if not policies:
+            raise UsageError("the loop needs at least one policy")
+        ids = [policy.id for policy in policies]
+        if len(set(ids)) != len(ids):
+            raise UsageError(f"the same policy is given twice ({', '.join(ids)}); give each once")
+        self.store = store
+        self.layout = RunLayout(prefix)
+        self.evaluator = evaluator
+        self.environment = environment
+        self.gpu_class = environment.gpu_class
+        self.evaluator_version = environment.evaluator_version
+        self.policies = list(policies)
+        self.budget = budget or Budget()
+        self.settings = settings or LoopSettings()
+        self.progress: Progress = progress or QuietProgress()
+        self._known: dict[ResultKey, EvaluationResult] = {}
+        self._states: dict[str, _TaskState] = {}
+        self._codes: dict[str, str] = {}
+        self._gpu_used = 0.0
+        self._started = 0.0
+        self._stop: str | None = None
+
+    # ------------------------------------------------------------------ the run
+
+    def run(self, tasks: Iterable[Task]) -> list[TaskSummary]:
+        """Optimise `tasks` until the budget ends; one summary per task, in the given order.
+
+        Each call starts from the store alone, so calling it once per task gives every task the
+        whole budget.
+        """
+        self._started = time.monotonic()
+        self._stop = None
+        self._states = {}
+        self._known = {}
+        self._gpu_used = 0.0
+        ordered: list[Task] = []
+        for task in tasks:
+            if task.hash not in self._states:
+                self._states[task.hash] = _TaskState(
+                    task, VariantDatabase(task.hash, self.gpu_class, self.settings.bucket_width)
+                )
+                ordered.append(task)
+                self.store.put_json(self.layout.task(task.hash), task_object(task))
+        self._load_results()
+        for state in self._states.values():
+            summary = self._stored_summary(state)
+            # A search cut short by this call's wall time continues when the call is repeated;
+            # every other ending is final for this budget.
+            if summary is not None and summary.stop_reason != "wall-time":
+                state.summary = summary
+                self.progress.task_finished(summary, resumed=True)
+        try:
+            for round_ in range(self.budget.rounds):
+                active = [state for state in self._states.values() if state.summary is None]
+                if not active:
+                    break
+                self._stop = self._stop or self._budget_stop()
+                if self._stop:
+                    break
+                self.progress.round_started(round_, self.budget.rounds, len(active))
+                self._round(round_, active)
+                for state in active:
+                    state.rounds_run = round_ + 1
+                    best = state.db.best()
+                    target = self.budget.target_speedup
+                    if state.task_error:
+                        self._finish(state, "task-error")
+                    elif target is not None and best is not None and (best.speedup or 0.0) >= target:
+                        self._finish(state, "target")
+                    elif len(state.exhausted) == len(self.policies):
+                        self._finish(state, "exhausted")
+                if self._stop:
+                    break
+            for state in self._states.values():
+                if state.summary is None:
+                    self._finish(state, self._stop or "rounds")
+        finally:
+            self.progress.close()
+        return [summary for task in ordered if (summary := self._states[task.hash].summary) is not None]
+
+    def _budget_stop(self) -> str | None:
+        if (
+            self.budget.wall_time_s is not None
+            and time.monotonic() - self._started >= self.budget.wall_time_s
+        ):
+            return "wall-time"
+        if self.budget.gpu_seconds is not None and self._gpu_used >= self.budget.gpu_seconds:
+            return "gpu-seconds"
+        return None
+
+    def _load_results(self) -> None:
+        """Every result the run already has for this GPU class and evaluator version."""
+        for result in self.store.list_results(self.layout.prefix):
+            key = result.key
+            ours = key.gpu_class == self.gpu_class and key.evaluator_version == self.evaluator_version
+            if ours and result.task_hash in self._states and key not in self._known:
+                self._known[key] = result
+                self._gpu_used += result.seconds
+
+    def _stored_summary(self, state: _TaskState) -> TaskSummary | None:
+        """The newest summary this budget wrote for the task, if any."""
+        prefix = self.layout.summary_prefix(state.task.hash, self.gpu_class, self._summary_fingerprint())
+        found = [TaskSummary.model_validate(self.store.get_json(key)) for key in self.store.list(prefix)]
+        return max(found, key=lambda summary: summary.finished_at) if found else None
+
+    def _summary_fingerprint(self) -> str:
+        text = ":".join([self.budget.fingerprint(), self.evaluator_version, *(p.id for p in self.policies)])
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+    # ------------------------------------------------------------------ one round
+
+    def _round(self, round_: int, active: list[_TaskState]) -> None:
+        slots: list[tuple[int, _TaskState, SampleRecord]] = []
+        existing = {state.task.hash: self._existing_samples(state, round_) for state in active}
+        for order, policy in enumerate(self.policies):
+            requests: list[Request] = []
+            places: list[tuple[_TaskState, str, tuple[str, ...]]] = []
+            for state in active:
+                if policy.id in state.exhausted:
+                    continue
+                for index in range(self.budget.samples_per_round):
+                    key = self.layout.sample(state.task.hash, self.gpu_class, round_, policy.id, index)
+                    record = existing[state.task.hash].get(key)
+                    if record is not None:
+                        slots.append((order, state, record))
+                        continue
+                    seed = _seed(
+                        self.settings.seed, state.task.hash, self.gpu_class, round_, policy.id, index
+                    )
+                    chosen = state.db.sample_exemplars(
+                        self.settings.exemplars, self.settings.bucket_temperature, random.Random(seed)
+                    )
+                    requests.append(
+                        Request(
+                            task=state.task,
+                            device=self.environment.device,
+                            gpu_class=self.gpu_class,
+                            round=round_,
+                            index=index,
+                            exemplars=tuple(
+                                Exemplar(e.code, e.speedup or 0.0, e.variant_hash) for e in chosen
+                            ),
+                            seen=state.seen(),
+                            seed=seed % (2**31),
+                        )
+                    )
+                    places.append((state, key, tuple(e.variant_hash for e in chosen)))
+            if not requests:
+                continue
+            self._stop = self._stop or self._budget_stop()
+            if self._stop:
+                break
+            proposals = policy.propose(requests)
+            if len(proposals) != len(requests):
+                raise RuntimeError(
+                    f"policy {policy.name} returned {len(proposals)} proposals for {len(requests)} requests"
+                )
+            failures = 0
+            for request, (state, key, parents), proposal in zip(requests, places, proposals, strict=True):
+                if proposal.exhausted:
+                    state.exhausted.add(policy.id)
+                    continue
+                if proposal.transient:
+                    failures += 1
+                    if failures == 1:
+                        self.progress.message(f"{policy.name}: {proposal.error} (asked again on resume)")
+                    continue
+                record = self._record_sample(policy, request, key, proposal, parents)
+                state.note(record)
+                slots.append((order, state, record))
+            if failures > 1:
+                self.progress.message(f"{policy.name}: {failures} requests failed this round")
+        slots.sort(key=lambda slot: (slot[0], slot[2].index))
+        self._evaluate(slots)
+
+    def _existing_samples(self, state: _TaskState, round_: int) -> dict[str, SampleRecord]:
+        found = {}
+        for key in self.store.list(self.layout.samples(state.task.hash, self.gpu_class, round_)):
+            if key.endswith(".json"):
+                record = SampleRecord.model_validate(self.store.get_json(key))
+                found[key] = record
+                state.note(record)
+        return found
+
+    def _record_sample(
+        self, policy: Policy, request: Request, key: str, proposal: Proposal, parents: tuple[str, ...]
+    ) -> SampleRecord:
+        variant_hash = None
+        if proposal.code is not None:
+            variant_hash = self.store.put_variant(proposal.code)
+            self._codes[variant_hash] = proposal.code
+        record = SampleRecord(
+            task_hash=request.task.hash,
+            gpu_class=self.gpu_class,
+            round=request.round,
+            policy=policy.name,
+            policy_id=policy.id,
+            index=request.index,
+            variant_hash=variant_hash,
+            key=proposal.key,
+            name=proposal.name,
+            error=proposal.error,
+            missing_sections=proposal.missing_sections,
+            analysis=proposal.analysis,
+            design=proposal.design,
+            answer=proposal.text[:ANSWER_LIMIT],
+            parent_hashes=parents,
+        )
+        try:
+            self.store.put_json(key, record)
+        except ObjectConflict:
+            # Another worker wrote this sample first: theirs stands.
+            return SampleRecord.model_validate(self.store.get_json(key))
+        return record
+
+    def _code(self, variant_hash: str) -> str:
+        code = self._codes.get(variant_hash)
+        if code is None:
+            code = self.store.get_variant(variant_hash)
+            self._codes[variant_hash] = code
+        return code
+
+    def _key(self, task_hash: str, variant_hash: str) -> ResultKey:
+        return ResultKey(
+            task_hash=task_hash,
+            variant_hash=variant_hash,
+            gpu_class=self.gpu_class,
+            evaluator_version=self.evaluator_version,
+        )
+
+    def _evaluate(self, slots: list[tuple[int, _TaskState, SampleRecord]]) -> None:
+        pending: dict[tuple[str, str], _TaskState] = {}
+        for _, state, record in slots:
+            if record.variant_hash and record.variant_hash not in state.db:
+                pending.setdefault((state.task.hash, record.variant_hash), state)
+        todo = [
+            (state, variant_hash)
+            for (task_hash, variant_hash), state in pending.items()
+            if self._key(task_hash, variant_hash) not in self._known and not state.task_error
+        ]
+        self.progress.evaluations_planned(len(todo))
+        sink = _ResultSink(self)
+        size = max(1, self.settings.eval_batch_size)
+        for start in range(0, len(todo), size):
+            self._stop = self._stop or self._budget_stop()
+            if self._stop:
+                break
+            chunk = [
+                (state, variant) for state, variant in todo[start : start + size] if not state.task_error
+            ]
+            if not chunk:
+                continue
+            items = [(state.task, self._code(variant_hash)) for state, variant_hash in chunk]
+            results = self.evaluator.evaluate_batch(items, cache=sink, progress=False)
+            for result in results:
+                self._record_result(result)
+        for _, state, record in slots:
+            if not record.variant_hash or record.variant_hash in state.db:
+                continue
+            known = self._known.get(self._key(state.task.hash, record.variant_hash))
+            if known is None:
+                continue
+            entry = Entry(
+                code=self._code(record.variant_hash),
+                result=known,
+                policy=record.policy,
+                round=record.round,
+                name=record.name,
+                parent_hashes=record.parent_hashes,
+            )
+            if state.db.add(entry) and entry.successful:
+                state.best_seen = max(entry.speedup or 0.0, state.best_seen or 0.0)
+
+    def _record_result(self, result: EvaluationResult) -> None:
+        """Keep a fresh result: in the store first, then in memory. Called once per key."""
+        key = result.key
+        if key in self._known:
+            return
+        state = self._states.get(result.task_hash)
+        if any(reason.split(":", 1)[0].strip() == REFERENCE_ERROR for reason in result.reasons):
+            if state is not None and not state.task_error:
+                state.task_error = next(r for r in result.reasons if r.startswith(REFERENCE_ERROR))
+                self.progress.message(f"{state.task.name}: {state.task_error}")
+            return
+        if key.gpu_class != self.gpu_class or key.evaluator_version != self.evaluator_version:
+            raise RuntimeError(
+                f"the evaluator measured on {key.gpu_class}/{key.evaluator_version}, but the loop was set up "
+                f"for {self.gpu_class}/{self.evaluator_version}: pass the evaluator's own environment"
+            )
+        self.store.put_result(self.layout.prefix, result)
+        self._known[key] = result
+        self._gpu_used += result.seconds
+        if state is not None:
+            if result.verdict == Verdict.CORRECT and result.speedup is not None:
+                state.best_seen = max(result.speedup, state.best_seen or 0.0)
+            self.progress.result(state.task, result, state.best_seen)
+
+    # ------------------------------------------------------------------ the end of a task
+
+    def _finish(self, state: _TaskState, reason: str) -> None:
+        baselines = self._baselines(state) if self.settings.measure_baselines else {}
+        chosen, verification = self._verify(state)
+        speedup = chosen.speedup if chosen is not None else None
+        if speedup is not None and verification is not None and verification.speedup is not None:
+            # Like the evaluator's own re-check: of two honest measurements, the lower counts.
+            speedup = min(speedup, verification.speedup)
+        compile_speedup = self._compile_speedup(state, baselines)
+        vs_compile = speedup / compile_speedup if speedup is not None and compile_speedup else None
+        summary = TaskSummary(
+            task_name=state.task.name,
+            task_hash=state.task.hash,
+            gpu_class=self.gpu_class,
+            evaluator_version=self.evaluator_version,
+            stop_reason=reason,
+            rounds=state.rounds_run,
+            samples=state.samples,
+            variants=len(state.db),
+            verdicts=dict(sorted(state.db.verdict_counts().items())),
+            best_variant_hash=chosen.variant_hash if chosen else None,
+            best_policy=chosen.policy if chosen else None,
+            best_name=chosen.name if chosen else "",
+            best_speedup=speedup,
+            search_speedup=chosen.speedup if chosen else None,
+            speedup_vs_compile=vs_compile,
+            compile_speedup=compile_speedup,
+            verified=verification is not None,
+            baselines=baselines,
+            gpu_seconds=round(state.db.gpu_seconds(), 3),
+            finished_at=_now(),
+        )
+        # Named by the samples seen so far: a search continued after a wall-time stop writes a
+        # new summary next to the old one; readers take the newest.
+        key = self.layout.summary(state.task.hash, self.gpu_class, self._summary_fingerprint(), state.samples)
+        with contextlib.suppress(ObjectConflict):  # a repeated wall-time stop with nothing new
+            self.store.put_json(key, summary)
+        state.summary = summary
+        self.progress.task_finished(summary, resumed=False)
+
+    @staticmethod
+    def _compile_speedup(state: _TaskState, baselines: dict[str, Timing]) -> float | None:
+        """torch.compile of the reference over eager. The compile policy's plain torch.compile
+        variant was timed interleaved with eager in one process, the same protocol as every
+        other variant, so it is preferred over baselines timed in a session of their own."""
+        for entry in state.db.ranked():
+            if entry.policy == COMPILE_POLICY and entry.name == COMPILE_DEFAULT:
+                return entry.speedup
+        eager, compiled = baselines.get("eager"), baselines.get("compile")
+        if eager is not None and compiled is not None and compiled.median_ms > 0:
+            return eager.median_ms / compiled.median_ms
+        return None
+
+    def _baselines(self, state: _TaskState) -> dict[str, Timing]:
+        key = self.layout.baselines(state.task.hash, self.gpu_class, self.evaluator_version)
+        try:
+            stored = self.store.get_json(key)
+            return {name: Timing.model_validate(value) for name, value in stored.get("baselines", {}).items()}
+        except NotFound:
+            pass
+        try:
+            measured = self.evaluator.baselines(state.task)
+        except Exception as error:  # a baseline is context, not the result: report and go on
+            self.progress.message(
+                f"{state.task.name}: baselines not measured ({error}); will retry on resume"
+            )
+            return {}
+        self.store.put_json(
+            key, {"baselines": {name: timing.model_dump(mode="json") for name, timing in measured.items()}}
+        )
+        return dict(measured)
+
+    def _verify(self, state: _TaskState) -> tuple[Entry | None, EvaluationResult | None]:
+        """The best variant that is correct again in a fresh evaluation, and that evaluation."""
+        ranked = state.db.ranked()
+        if not self.settings.verify_best:
+            return (ranked[0] if ranked else None), None
+        for entry in ranked[: max(1, self.settings.verify_attempts)]:
+            key = self.layout.verification(
+                state.task.hash, self.gpu_class, self.evaluator_version, entry.variant_hash
+            )
+            try:
+                result = EvaluationResult.model_validate(self.store.get_json(key))
+            except NotFound:
+                result = self.evaluator.evaluate(state.task, entry.code)
+                self.store.put_json(key, result)
+                self._gpu_used += result.seconds
+            if result.verdict == Verdict.CORRECT:
+                # Correct again; a re-timing too noisy to give a speedup leaves the search's.
+                return entry, result
+            reasons = "; ".join(result.reasons) or str(result.verdict)
+            self.progress.message(
+                f"{state.task.name}: {entry.name or entry.variant_hash[:12]} failed to verify ({reasons})"
+            )
+        return None, None
+
+
+def optimize(
+    tasks: Iterable[Task],
+    policies: Sequence[Policy],
+    *,
+    store: Store,
+    prefix: str,
+    evaluator: EvaluatorLike,
+    environment: Environment,
+    budget: Budget | None = None,
+    settings: LoopSettings | None = None,
+    progress: Progress | None = None,
+) -> list[TaskSummary]:
+    """Run the contrastive loop over `tasks`; see `OptimizationLoop`."""
+    loop = OptimizationLoop(
+        store=store,
+        prefix=prefix,
+        evaluator=evaluator,
+        environment=environment,
+        policies=policies,
+        budget=budget,
+        settings=settings,
+        progress=progress,
+    )
+    return loop.run(tasks)

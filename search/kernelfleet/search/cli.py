@@ -1,0 +1,395 @@
+"""`kernelfleet optimize`, `kernelfleet results` and `kernelfleet report`.
+
+`optimize` is the command a user runs first: tasks in, faster verified code out. It derives
+the run's id from what defines the run (the tasks, the policies, the device class), so running
+the same command again resumes the run instead of starting over; `--run` names it explicitly.
+Progress goes to stderr, the final table to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from kernelfleet.core.errors import UsageError
+from kernelfleet.core.models import Environment, Task
+from kernelfleet.core.store import ObjectConflict, Store, open_store
+from kernelfleet.search._layout import RUN_ID, RunLayout, RunManifest
+from kernelfleet.search._loop import Budget, LoopSettings, optimize
+from kernelfleet.search.policies._base import Policy, PolicyError
+from kernelfleet.search._progress import LiveProgress, QuietProgress
+from kernelfleet.search._report import (
+    format_best_code,
+    format_table,
+    list_runs,
+    load_run,
+    render_html,
+    resolve_run,
+)
+from kernelfleet.search.policies._specs import SPEC_FORMS, PolicyOptions, make_policy
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} must be at least 1")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text} must be positive")
+    return value
+
+
+def _seconds(text: str) -> float:
+    """`90`, `90s`, `15m` or `2h`."""
+    units = {"s": 1.0, "m": 60.0, "h": 3600.0}
+    number, unit = (text[:-1], text[-1]) if text and text[-1] in units else (text, "s")
+    return _positive_float(number) * units[unit]
+
+
+def _add_store(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--store",
+        default=None,
+        metavar="URL",
+        help="artifact store: a directory, file:///..., or s3://bucket/prefix (default: $KERNELFLEET_STORE "
+        "or .kernelfleet)",
+    )
+
+
+def register_optimize(subcommands: argparse._SubParsersAction) -> None:
+    parser = subcommands.add_parser(
+        "optimize",
+        help="make PyTorch workloads faster, verifiably: propose, evaluate, keep the best",
+        description="Run the contrastive optimisation loop over TASKS and print the best verified variant "
+        "per task. Running the same command again resumes the run from the store.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument(
+        "tasks",
+        nargs="+",
+        metavar="TASKS",
+        help="task files (.py), directories of them, or KernelBench selections like kernelbench-v0:1:12",
+    )
+    parser.add_argument(
+        "--policy",
+        action="append",
+        dest="policies",
+        metavar="SPEC",
+        help="repeatable; one of: " + "; ".join(SPEC_FORMS) + " (default: compile)",
+    )
+    budget = parser.add_argument_group("budget")
+    budget.add_argument("--rounds", type=_positive_int, default=4, help="contrastive rounds per task")
+    budget.add_argument(
+        "--samples", type=_positive_int, default=4, help="variants per policy per task per round"
+    )
+    budget.add_argument(
+        "--wall-time",
+        type=_seconds,
+        default=None,
+        metavar="DURATION",
+        help="stop searching after this long (90, 90s, 15m, 2h); this call only",
+    )
+    budget.add_argument(
+        "--gpu-seconds",
+        type=_positive_float,
+        default=None,
+        help="stop once the run's evaluations took this many device seconds",
+    )
+    budget.add_argument(
+        "--target-speedup",
+        type=_positive_float,
+        default=None,
+        help="stop a task once a variant is this much faster than eager",
+    )
+    _add_store(parser)
+    parser.add_argument(
+        "--run", default=None, help="run id (default: derived from tasks, policies and device)"
+    )
+    evaluation = parser.add_argument_group("evaluation")
+    evaluation.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
+    evaluation.add_argument("--profile", default="strict", choices=("strict", "kernelbench-v0"))
+    evaluation.add_argument("--timing-trials", type=_positive_int, default=100)
+    evaluation.add_argument("--correctness-trials", type=_positive_int, default=5)
+    search = parser.add_argument_group("search")
+    search.add_argument("--exemplars", type=int, default=2, help="earlier variants shown in each prompt (K)")
+    search.add_argument(
+        "--bucket-temperature",
+        type=float,
+        default=1.0,
+        help="softmax temperature of the exemplar buckets (lower favours the fastest)",
+    )
+    search.add_argument("--seed", type=int, default=0)
+    search.add_argument("--no-verify", action="store_true", help="skip re-verifying the best variant")
+    search.add_argument("--no-baselines", action="store_true", help="skip measuring eager/torch.compile")
+    models = parser.add_argument_group("language-model policies (openai, hf, vllm)")
+    models.add_argument("--temperature", type=float, default=0.8)
+    models.add_argument("--top-p", type=float, default=None)
+    models.add_argument("--max-tokens", type=_positive_int, default=4096)
+    models.add_argument("--concurrency", type=_positive_int, default=8, help="requests in flight (openai)")
+    models.add_argument("--request-timeout", type=_positive_float, default=600.0, help="seconds (openai)")
+    models.add_argument("--retries", type=int, default=3, help="retries of a failed request (openai)")
+    models.add_argument("--stream", action="store_true", help="stream answers (openai)")
+    output = parser.add_argument_group("output")
+    output.add_argument("--json", action="store_true", help="print the task summaries as JSON")
+    output.add_argument("--quiet", action="store_true", help="no live progress on stderr")
+    parser.set_defaults(handler=run_optimize)
+
+
+def register_results(subcommands: argparse._SubParsersAction) -> None:
+    parser = subcommands.add_parser(
+        "results",
+        help="the results table of a run, and its best code",
+        description="Print the per-task table of RUN (an id from `kernelfleet optimize`, or a store prefix "
+        "such as optimizationjobs/NS/NAME/UID). Without RUN, list the runs in the store.",
+    )
+    parser.add_argument("run", nargs="?", metavar="RUN")
+    _add_store(parser)
+    parser.add_argument("--code", action="store_true", help="also print the best code of every task")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.set_defaults(handler=run_results)
+
+
+def register_report(subcommands: argparse._SubParsersAction) -> None:
+    parser = subcommands.add_parser(
+        "report",
+        help="a self-contained HTML report of a run, with plots",
+        description="Write an HTML report of RUN: table, speedup distribution, per-task bars against the "
+        "baselines, and the best code per task. One file, no external resources.",
+    )
+    parser.add_argument("run", metavar="RUN")
+    _add_store(parser)
+    parser.add_argument(
+        "-o",
+        "--output",
+        default=None,
+        metavar="FILE",
+        help="where to write it (default: kernelfleet-report-RUN.html)",
+    )
+    parser.set_defaults(handler=run_report)
+
+
+# ---------------------------------------------------------------------- optimize
+
+
+def _default_device() -> str:
+    try:
+        import torch
+    except ImportError:
+        return "cpu"
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _load_tasks(selections: list[str]) -> list[Task]:
+    from kernelfleet.evaluator import load_tasks
+
+    tasks: dict[str, Task] = {}
+    for selection in selections:
+        for task in load_tasks(selection):
+            tasks.setdefault(task.hash, task)
+    if not tasks:
+        raise UsageError(
+            f"no tasks found in {' '.join(selections)}; give .py files defining Model, get_inputs and "
+            "get_init_inputs, directories of them, or a selection like kernelbench-v0:1:1-5"
+        )
+    return list(tasks.values())
+
+
+def evaluator_environment(evaluator: Any) -> Environment:
+    """The environment the evaluator measures in: its GPU class and version key the results."""
+    environment = getattr(evaluator, "environment", None)
+    if callable(environment):
+        environment = environment()
+    if not isinstance(environment, Environment):
+        raise RuntimeError("the evaluator does not report its environment (Evaluator.environment)")
+    return environment
+
+
+def derive_run_id(tasks: Sequence[Task], policies: Sequence[Policy], gpu_class: str) -> str:
+    text = "\n".join(
+        [*sorted(task.hash for task in tasks), *sorted(policy.id for policy in policies), gpu_class]
+    )
+    return f"run-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+
+
+def write_manifest(store: Store, layout: RunLayout, manifest: RunManifest) -> None:
+    try:
+        store.put_json(layout.manifest, manifest)
+    except ObjectConflict:
+        raise UsageError(
+            f"run {manifest.run_id} already exists in {store.url} with other tasks, policies or device; "
+            "choose another --run, or leave --run out to get an id derived from the inputs"
+        ) from None
+
+
+def run_optimize(args: argparse.Namespace) -> int:
+    options = PolicyOptions(
+        temperature=args.temperature,
+        top_p=args.top_p,
+        max_tokens=args.max_tokens,
+        concurrency=args.concurrency,
+        timeout_s=args.request_timeout,
+        retries=max(0, args.retries),
+        stream=args.stream,
+        device=None,
+    )
+    if args.run is not None and not RUN_ID.match(args.run):
+        raise UsageError(f"--run {args.run!r}: use letters, digits, '.', '_' and '-' (up to 100)")
+    budget = Budget(
+        rounds=args.rounds,
+        samples_per_round=args.samples,
+        wall_time_s=args.wall_time,
+        gpu_seconds=args.gpu_seconds,
+        target_speedup=args.target_speedup,
+    )
+    settings = LoopSettings(
+        exemplars=max(0, args.exemplars),
+        bucket_temperature=args.bucket_temperature,
+        seed=args.seed,
+        verify_best=not args.no_verify,
+        measure_baselines=not args.no_baselines,
+    )
+    specs = args.policies or ["compile"]
+    policies: list[Policy] = []
+    try:
+        for spec in specs:
+            policies.append(make_policy(spec, options))
+        tasks = _load_tasks(args.tasks)
+        store = open_store(args.store)
+
+        from kernelfleet.evaluator import BASELINE_MODES, EvalConfig, Evaluator
+
+        device = args.device or _default_device()
+        config = EvalConfig(
+            device=device,
+            profile=args.profile,
+            correctness_trials=args.correctness_trials,
+            timing_trials=args.timing_trials,
+            # The table compares with eager and torch.compile; on a CPU the other modes
+            # (reduce-overhead, CUDA graphs) add compile time and nothing to compare.
+            baseline_modes=BASELINE_MODES if device != "cpu" else ("eager", "compile"),
+        )
+        progress = QuietProgress() if args.quiet else LiveProgress()
+        with Evaluator(config) as evaluator:
+            environment = evaluator_environment(evaluator)
+            run_id = args.run or derive_run_id(tasks, policies, environment.gpu_class)
+            layout = RunLayout(f"runs/{run_id}")
+            write_manifest(
+                store,
+                layout,
+                RunManifest(
+                    run_id=run_id,
+                    tasks=tuple(task.hash for task in tasks),
+                    task_names=tuple(task.name for task in tasks),
+                    policies=tuple(policy.name for policy in policies),
+                    policy_ids=tuple(policy.id for policy in policies),
+                    gpu_class=environment.gpu_class,
+                ),
+            )
+            print(
+                f"run {run_id}: {len(tasks)} task(s) on {environment.device} ({environment.gpu_class}), "
+                f"policies {', '.join(policy.name for policy in policies)}; store {store.url}. "
+                "Run the same command again to resume.",
+                file=sys.stderr,
+            )
+            summaries = optimize(
+                tasks,
+                policies,
+                store=store,
+                prefix=layout.prefix,
+                evaluator=evaluator,
+                environment=environment,
+                budget=budget,
+                settings=settings,
+                progress=progress,
+            )
+    except PolicyError as error:
+        raise UsageError(str(error)) from None
+    finally:
+        for policy in policies:
+            policy.close()
+    if args.json:
+        print(json.dumps([summary.model_dump(mode="json") for summary in summaries], indent=2))
+        return 0
+    report = load_run(store, layout.prefix, with_code=False)
+    wanted = {task.hash for task in tasks}
+    outcomes = [o for o in report.outcomes if o.task.hash in wanted and o.gpu_class == environment.gpu_class]
+    print(format_table(outcomes))
+    store_flag = f" --store {args.store}" if args.store else ""
+    print(
+        f"\nbest code: kernelfleet results {run_id}{store_flag} --code   "
+        f"report: kernelfleet report {run_id}{store_flag}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+# ---------------------------------------------------------------------- results and report
+
+
+def run_results(args: argparse.Namespace) -> int:
+    store = open_store(args.store)
+    if args.run is None:
+        runs = list_runs(store)
+        if args.json:
+            print(json.dumps(runs))
+        elif runs:
+            print("\n".join(runs))
+        else:
+            print(f"no runs in {store.url}; start one with `kernelfleet optimize TASKS`", file=sys.stderr)
+        return 0
+    report = load_run(store, resolve_run(store, args.run), with_code=args.code or args.json)
+    if args.json:
+        rows = []
+        for outcome in report.outcomes:
+            rows.append(
+                {
+                    "task": outcome.task.name,
+                    "task_hash": outcome.task.hash,
+                    "gpu_class": outcome.gpu_class,
+                    "status": outcome.status,
+                    "best_speedup": outcome.best_speedup,
+                    "speedup_vs_compile": outcome.speedup_vs_compile,
+                    "policy": outcome.best_policy or None,
+                    "variant_hash": outcome.best_variant_hash,
+                    "verdicts": dict(outcome.verdicts),
+                    "summary": outcome.summary.model_dump(mode="json") if outcome.summary else None,
+                    "code": outcome.best_code,
+                }
+            )
+        print(json.dumps({"run": report.name, "stats": report.stats().as_dict(), "tasks": rows}, indent=2))
+        return 0
+    print(format_table(report.outcomes))
+    if args.code:
+        print()
+        print(format_best_code(report.outcomes))
+    return 0
+
+
+def run_report(args: argparse.Namespace) -> int:
+    store = open_store(args.store)
+    report = load_run(store, resolve_run(store, args.run))
+    slug = "".join(char if char.isalnum() or char in "._-" else "-" for char in report.name)
+    output = Path(args.output or f"kernelfleet-report-{slug}.html")
+    try:
+        output.write_text(render_html(report), encoding="utf-8")
+    except OSError as error:
+        raise UsageError(
+            f"cannot write the report to {output}: {error.strerror}; choose another --output"
+        ) from None
+    print(f"wrote {output} ({len(report.outcomes)} task(s))")
+    return 0

@@ -1,0 +1,1 @@
+"""Helpers that tests share: task and candidate cases, scripted policies and evaluators."""

@@ -1,0 +1,189 @@
+"""Batch evaluation: order, deduplication, the result cache, resume after a kill, and the
+verdicts for crashes, hangs, out-of-memory, broken tasks and native builds."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kernelfleet.core.models import EvaluationResult, ResultKey, Task, Verdict
+from kernelfleet.evaluator import DirectoryResultCache, EvalConfig, Evaluator
+from kernelfleet.evaluator import reasons as R
+from tests.support import evaluator_cases as C
+
+
+ROOT = Path(__file__).resolve().parents[3]
+FAST: dict[str, Any] = {
+    "device": "cpu",
+    "correctness_trials": 2,
+    "timing_trials": 3,
+    "warmup": 1,
+    "flush_bytes": 0,
+    "max_speedup_cv": None,
+    "speedup_recheck": None,
+}
+MATMUL = Task(name="matmul", code=C.MATMUL_TASK)
+
+
+class CountingCache(DirectoryResultCache):
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.hits = 0
+        self.puts = 0
+
+    def get(self, key: ResultKey) -> EvaluationResult | None:
+        found = super().get(key)
+        self.hits += found is not None
+        return found
+
+    def put(self, result: EvaluationResult) -> None:
+        self.puts += 1
+        super().put(result)
+
+
+def test_batch_keeps_order_dedupes_and_caches(tmp_path: Path) -> None:
+    items = [
+        (MATMUL, C.HONEST),
+        (MATMUL, C.INPUT_MUTATION_HACK),
+        (MATMUL, C.SYNTAX_ERROR),
+        (MATMUL, C.HONEST + "\n\n"),
+    ]
+    cache = CountingCache(tmp_path / "cache")
+    with Evaluator(EvalConfig(**FAST)) as evaluator:
+        first = evaluator.evaluate_batch(items, cache=cache, progress=False)
+        assert [r.verdict for r in first] == [
+            Verdict.CORRECT,
+            Verdict.REJECTED,
+            Verdict.COMPILE_ERROR,
+            Verdict.CORRECT,
+        ]
+        assert first[0] is first[3]  # the same normalised source is evaluated once
+        assert R.SYNTAX_ERROR in R.codes(first[2].reasons)
+        assert cache.puts == 3 and len(cache) == 3
+        for (task, code), result in zip(items, first, strict=True):
+            assert result.key == evaluator.key_for(task, code)
+        again = evaluator.evaluate_batch(items, cache=cache, progress=True)
+    assert cache.hits == 3 and cache.puts == 3
+    assert [r.model_dump() for r in again] == [r.model_dump() for r in first]
+
+
+def test_result_environment_and_version(tmp_path: Path) -> None:
+    with Evaluator(EvalConfig(**FAST, profile="kernelbench-v0")) as evaluator:
+        result = evaluator.evaluate(MATMUL, C.HONEST)
+    env = result.environment
+    assert env.device == "cpu" and env.gpu_class == "cpu" and env.torch
+    assert env.evaluator_version.endswith("+kernelbench-v0")
+    assert result.profile == "kernelbench-v0"
+    assert result.key.path().startswith("results/")
+
+
+@pytest.mark.parametrize(
+    ("candidate", "overrides", "verdict", "code"),
+    [
+        (C.HANGS, {"run_timeout_s": 3.0}, Verdict.TIMEOUT, R.TIMEOUT),
+        (C.SEGFAULT, {}, Verdict.RUNTIME_ERROR, R.CRASHED),
+        (C.OUT_OF_MEMORY, {}, Verdict.RUNTIME_ERROR, R.OUT_OF_MEMORY),
+        (C.RAISES, {}, Verdict.RUNTIME_ERROR, R.RUNTIME_ERROR),
+        (C.IMPORT_ERROR, {}, Verdict.COMPILE_ERROR, R.IMPORT_ERROR),
+        (C.NO_MODELNEW, {}, Verdict.COMPILE_ERROR, R.MISSING_MODELNEW),
+        (C.WRONG_RESULT, {}, Verdict.INCORRECT, R.OUTPUT_MISMATCH),
+        (C.WRONG_DTYPE, {}, Verdict.INCORRECT, R.DTYPE_MISMATCH),
+    ],
+    ids=["hang", "segfault", "oom", "raises", "import-error", "no-modelnew", "wrong", "dtype"],
+)
+def test_failures_cost_the_candidate_alone(
+    candidate: str, overrides: dict[str, Any], verdict: Verdict, code: str
+) -> None:
+    with Evaluator(EvalConfig(**{**FAST, **overrides})) as evaluator:
+        results = evaluator.evaluate_batch([(MATMUL, candidate), (MATMUL, C.HONEST)], progress=False)
+    assert results[0].verdict == verdict, results[0].reasons
+    assert code in R.codes(results[0].reasons)
+    assert results[0].speedup is None
+    assert results[1].verdict == Verdict.CORRECT  # the next candidate is unaffected
+
+
+def test_a_broken_task_is_reported_and_never_cached(tmp_path: Path) -> None:
+    cache = CountingCache(tmp_path)
+    with Evaluator(EvalConfig(**FAST)) as evaluator:
+        result = evaluator.evaluate_batch([(Task(name="broken", code=C.BROKEN_TASK), C.HONEST)], cache=cache)[
+            0
+        ]
+    assert result.verdict == Verdict.RUNTIME_ERROR
+    assert R.codes(result.reasons) == {R.REFERENCE_ERROR}
+    assert cache.puts == 0
+
+
+def test_a_native_build_that_outlives_its_timeout_is_killed(tmp_path: Path) -> None:
+    config = EvalConfig(**FAST, compile_timeout_s=1.0, cache_dir=str(tmp_path))
+    started = time.monotonic()
+    with Evaluator(config) as evaluator:
+        result = evaluator.evaluate(MATMUL, C.CPP_KERNEL.replace("kf_test_relu_mm", "kf_test_timeout"))
+    assert result.verdict == Verdict.TIMEOUT
+    assert "building" in result.reasons[0]
+    assert time.monotonic() - started < 60
+
+
+def test_an_honest_cpp_kernel_builds_in_the_pool_and_passes_require_kernel() -> None:
+    """The first run compiles (tens of seconds on 2 cores); the build cache makes reruns fast."""
+    config = EvalConfig(**{**FAST, "compile_timeout_s": 900.0, "run_timeout_s": 300.0}, require_kernel=True)
+    with Evaluator(config) as evaluator:
+        result = evaluator.evaluate(MATMUL, C.CPP_KERNEL)
+    assert result.verdict == Verdict.CORRECT, (result.reasons, result.log)
+    assert not R.codes(result.reasons) & R.REJECTING
+
+
+_RESUMABLE = """
+import sys
+from pathlib import Path
+from kernelfleet.core.models import Task
+from kernelfleet.evaluator import DirectoryResultCache, EvalConfig, Evaluator
+from tests.support import evaluator_cases as C
+
+cache = DirectoryResultCache(sys.argv[1])
+slow = C.HONEST.replace("return torch.relu(torch.mm(A, B))", "import time; time.sleep(60); return A")
+items = [(Task(name="m", code=C.MATMUL_TASK), code) for code in (C.HONEST, C.WRONG_RESULT, slow)]
+config = EvalConfig(device="cpu", correctness_trials=2, timing_trials=3, warmup=1, flush_bytes=0,
+                    max_speedup_cv=None, speedup_recheck=None, run_timeout_s=300)
+with Evaluator(config) as evaluator:
+    evaluator.evaluate_batch(items, cache=cache, progress=False)
+"""
+
+
+def test_a_killed_batch_resumes_from_the_cache(tmp_path: Path) -> None:
+    script = tmp_path / "batch.py"
+    script.write_text(textwrap.dedent(_RESUMABLE))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    process = subprocess.Popen([sys.executable, str(script), str(tmp_path / "cache")], env=env, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and len(DirectoryResultCache(tmp_path / "cache")) < 2:
+            assert process.poll() is None, "the batch ended before it was killed"
+            time.sleep(0.2)
+        assert len(DirectoryResultCache(tmp_path / "cache")) == 2
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait(30)
+    cache = CountingCache(tmp_path / "cache")
+    with Evaluator(EvalConfig(**FAST)) as evaluator:
+        results = evaluator.evaluate_batch(
+            [(MATMUL, C.HONEST), (MATMUL, C.WRONG_RESULT)], cache=cache, progress=False
+        )
+    assert cache.hits == 2 and cache.puts == 0
+    assert [r.verdict for r in results] == [Verdict.CORRECT, Verdict.INCORRECT]
+
+
+def test_baselines_on_the_cpu() -> None:
+    with Evaluator(EvalConfig(**FAST, baseline_modes=("eager", "cudagraph"))) as evaluator:
+        timings, missing = evaluator.baselines_detail(MATMUL)
+        assert set(timings) == {"eager"}
+        assert timings["eager"].trials == FAST["timing_trials"] and timings["eager"].median_ms > 0
+        assert "cudagraph" in missing
+        assert evaluator.baselines(MATMUL).keys() == {"eager"}

@@ -1,0 +1,81 @@
+"""The timing protocol's pieces, in process on the CPU (no assertion on any duration)."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+import torch
+
+from kernelfleet.evaluator._timing import (
+    InputBank,
+    Subject,
+    TimingRun,
+    bucket_speedups,
+    coefficient_of_variation,
+    escaped_work_ms,
+    run_timing,
+    stats,
+)
+
+
+
+def test_every_call_sees_fresh_values_and_the_order_is_random() -> None:
+    bank = InputBank([[torch.randn(64), 3], [torch.randn(64), 3]])
+    seen: list[bytes] = []
+    order: list[str] = []
+
+    def subject(label: str) -> Subject:
+        def call(buffers: list[Any]) -> torch.Tensor:
+            order.append(label)
+            if label == "a":
+                seen.append(buffers[0].numpy().tobytes())
+            assert buffers[1] == 3
+            return buffers[0] * 2
+
+        return Subject(label, call, [torch.zeros(64), 3])
+
+    flushes: list[int] = []
+    checked: list[bool] = []
+
+    def check(outputs: dict[str, Any]) -> None:
+        checked.append(torch.equal(outputs["a"], outputs["b"]))
+
+    run = run_timing(
+        [subject("a"), subject("b")],
+        bank,
+        device=torch.device("cpu"),
+        warmup=2,
+        trials=20,
+        flush_bytes=1024,
+        rng=random.Random(0),
+        check_round=check,
+        on_flush=lambda: flushes.append(1),
+    )
+    assert len(run.samples["a"]) == len(run.samples["b"]) == 20
+    assert len(seen) == 22 and len(set(seen)) == 22  # no two calls saw the same values
+    assert all(checked)  # both subjects of a round got the same values
+    assert len(flushes) == 44  # a flush before every call
+    firsts = [order[i] for i in range(0, len(order), 2)]
+    assert {"a", "b"} == set(firsts)  # the order within a round changes
+
+
+def test_stats_and_buckets() -> None:
+    s = stats([1.0, 2.0, 3.0, 4.0, 100.0])
+    assert (s.median_ms, s.min_ms, s.max_ms, s.trials) == (3.0, 1.0, 100.0, 5)
+    assert s.iqr_ms == pytest.approx(2.0)
+    steady = bucket_speedups([2.0] * 21, [1.0] * 21)
+    assert steady == [2.0] * 7 and coefficient_of_variation(steady) == 0.0
+    drifting = bucket_speedups([2.0] * 21, [1.0] * 10 + [2.0] * 11)
+    assert coefficient_of_variation(drifting) > 0.2
+    assert bucket_speedups([1.0] * 4, [1.0] * 4) == []
+
+
+def test_escaped_work_compares_with_the_reference() -> None:
+    run = TimingRun(
+        samples={"reference": [1.01] * 5, "candidate": [1.0] * 5},
+        naive={"reference": [1.0] * 5, "candidate": [0.1] * 5},
+    )
+    assert escaped_work_ms(run, "candidate", "reference") == pytest.approx(0.89)
+    assert escaped_work_ms(TimingRun({"a": [1.0]}, {"a": []}), "a", "a") == 0.0
