@@ -16,13 +16,13 @@ ROOT = Path(__file__).resolve().parent.parent
 TIERS = ("unit", "integration", "e2e", "gpu")
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_itemcollected(item: pytest.Item) -> None:
     """Each test's tier is the folder it lives in (tests/unit/..., tests/e2e/...): one place
-    says it, so a test cannot sit in one tier and be marked for another."""
-    for item in items:
-        parts = Path(str(item.fspath)).resolve().relative_to(ROOT / "tests").parts
-        if parts and parts[0] in TIERS and not any(item.iter_markers(name=t) for t in TIERS):
-            item.add_marker(getattr(pytest.mark, parts[0]))
+    says it, so a test cannot sit in one tier and be marked for another. Marked as each item
+    is collected, before `-m` selects by marker."""
+    parts = Path(str(item.path)).resolve().relative_to(ROOT / "tests").parts
+    if parts and parts[0] in TIERS and not any(item.get_closest_marker(t) for t in TIERS):
+        item.add_marker(getattr(pytest.mark, parts[0]))
 
 
 @pytest.fixture(scope="session")
