@@ -5,11 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
 from tests._servers._process import wait_for
-
-
 
 # How long the scheduler and kwok get for each step.
 WAIT_S = 90.0

@@ -25,7 +25,6 @@ from kernelfleet.core.resources import GROUP, VERSION
 from tests._servers._process import binary, wait_for
 from tests._servers.kube import GPU_POOLS
 
-
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "kernelfleet"
 CRDS = ("optimizationjobs.kernelfleet.io", "trainingruns.kernelfleet.io")

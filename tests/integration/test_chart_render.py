@@ -19,7 +19,6 @@ import yaml
 
 from tests._servers._process import binary
 
-
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "kernelfleet"
 RELEASE, NAMESPACE = "kf", "kf-system"

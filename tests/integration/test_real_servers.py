@@ -11,7 +11,6 @@ from kubernetes.client.exceptions import ApiException
 
 from kernelfleet.core.resources import GROUP, VERSION
 
-
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -26,7 +26,6 @@ from kernelfleet.core.errors import StoreError
 from kernelfleet.core.store import IntegrityError, ObjectConflict, S3Store, open_store
 from kernelfleet.core.store._s3 import META_SHA256
 
-
 FAST_RETRY = RetrySettings(attempts=4, initial_backoff_s=0.05, max_backoff_s=0.2, deadline_s=20)
 MIB = 1024 * 1024
 

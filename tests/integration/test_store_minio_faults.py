@@ -18,7 +18,6 @@ from kernelfleet.core.config import RetrySettings, StoreConfig
 from kernelfleet.core.errors import StoreError
 from kernelfleet.core.store import NotFound, S3Store, StoreUnavailable, open_store
 
-
 MIB = 1024 * 1024
 # Patient enough to outlast a restart of the server, quick enough to keep the test short.
 RESTART_RETRY = RetrySettings(attempts=40, initial_backoff_s=0.1, max_backoff_s=0.5, deadline_s=60)

@@ -15,11 +15,11 @@ with named defences against the reward hacks that have fooled earlier harnesses:
 """
 
 from kernelfleet.core import reasons
+from kernelfleet.core.tasks import kernelbench_dir, load_tasks
 from kernelfleet.evaluator._cache import DirectoryResultCache, ResultCache
 from kernelfleet.evaluator._config import BASELINE_MODES, PROFILES, EvalConfig, Profile
 from kernelfleet.evaluator._environment import gpu_class
 from kernelfleet.evaluator._evaluator import Evaluator, TaskError, timing_from
-from kernelfleet.core.tasks import kernelbench_dir, load_tasks
 from kernelfleet.evaluator._version import EVALUATOR_VERSION
 
 __all__ = [

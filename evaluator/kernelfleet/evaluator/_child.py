@@ -28,8 +28,8 @@ from typing import Any
 
 import torch
 
-from kernelfleet.evaluator import _guards as G
 from kernelfleet.core import reasons as R
+from kernelfleet.evaluator import _guards as G
 from kernelfleet.evaluator._config import EvalConfig
 from kernelfleet.evaluator._environment import driver_version
 from kernelfleet.evaluator._modules import load_module, load_module_at, module_file

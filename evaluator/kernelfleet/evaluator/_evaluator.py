@@ -26,10 +26,10 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from kernelfleet.core import reasons as R
 from kernelfleet.core.errors import UsageError
 from kernelfleet.core.hashing import source_hash
 from kernelfleet.core.models import Environment, EvaluationResult, ResultKey, Task, Timing, Variant, Verdict
-from kernelfleet.core import reasons as R
 from kernelfleet.evaluator._cache import ResultCache
 from kernelfleet.evaluator._child import Job
 from kernelfleet.evaluator._config import EvalConfig

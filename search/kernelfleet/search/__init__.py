@@ -12,6 +12,20 @@ policy its earlier variants with their speedups, and re-verifies the best. See d
 """
 
 from kernelfleet.search._answers import ParsedAnswer, check_code, parse_answer
+from kernelfleet.search._database import Entry, VariantDatabase
+from kernelfleet.search._layout import RunLayout, RunManifest, SampleRecord
+from kernelfleet.search._loop import Budget, LoopSettings, OptimizationLoop, optimize
+from kernelfleet.search._progress import LiveProgress, Progress, QuietProgress
+from kernelfleet.search._prompts import Exemplar, build_messages
+from kernelfleet.search._report import (
+    RunReport,
+    SpeedupStats,
+    TaskOutcome,
+    format_table,
+    load_run,
+    render_html,
+    speedup_stats,
+)
 from kernelfleet.search.policies import (
     CompilePolicy,
     CompileVariant,
@@ -26,20 +40,6 @@ from kernelfleet.search.policies import (
     Request,
     VLLMPolicy,
     make_policy,
-)
-from kernelfleet.search._database import Entry, VariantDatabase
-from kernelfleet.search._layout import RunLayout, RunManifest, SampleRecord
-from kernelfleet.search._loop import Budget, LoopSettings, OptimizationLoop, optimize
-from kernelfleet.search._progress import LiveProgress, Progress, QuietProgress
-from kernelfleet.search._prompts import Exemplar, build_messages
-from kernelfleet.search._report import (
-    RunReport,
-    SpeedupStats,
-    TaskOutcome,
-    format_table,
-    load_run,
-    render_html,
-    speedup_stats,
 )
 
 __all__ = [

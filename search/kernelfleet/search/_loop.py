@@ -43,12 +43,12 @@ from kernelfleet.core.models import (
     Verdict,
 )
 from kernelfleet.core.store import NotFound, ObjectConflict, Store
-from kernelfleet.search.policies._compile import COMPILE_DEFAULT
 from kernelfleet.search._database import Entry, VariantDatabase
 from kernelfleet.search._layout import ANSWER_LIMIT, RunLayout, SampleRecord, task_object
-from kernelfleet.search.policies._base import Policy, Proposal, Request
 from kernelfleet.search._progress import Progress, QuietProgress
 from kernelfleet.search._prompts import Exemplar
+from kernelfleet.search.policies._base import Policy, Proposal, Request
+from kernelfleet.search.policies._compile import COMPILE_DEFAULT
 
 
 class EvaluatorLike(Protocol):

@@ -21,7 +21,6 @@ from kernelfleet.core.models import Environment, Task
 from kernelfleet.core.store import ObjectConflict, Store, open_store
 from kernelfleet.search._layout import RUN_ID, RunLayout, RunManifest
 from kernelfleet.search._loop import Budget, LoopSettings, optimize
-from kernelfleet.search.policies._base import Policy, PolicyError
 from kernelfleet.search._progress import LiveProgress, QuietProgress
 from kernelfleet.search._report import (
     format_best_code,
@@ -31,6 +30,7 @@ from kernelfleet.search._report import (
     render_html,
     resolve_run,
 )
+from kernelfleet.search.policies._base import Policy, PolicyError
 from kernelfleet.search.policies._specs import SPEC_FORMS, PolicyOptions, make_policy
 
 

@@ -11,7 +11,6 @@ from kernelfleet.core import cli
 from kernelfleet.core.cli import main
 from kernelfleet.core.store import open_store
 
-
 STORE_COMMAND = EntryPoint(
     name="store", value="kernelfleet.core.cli_store:register", group="kernelfleet.commands"
 )

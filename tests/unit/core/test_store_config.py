@@ -11,7 +11,6 @@ from kernelfleet.core.errors import UsageError
 from kernelfleet.core.store._s3 import SecretDirCredentials
 
 
-
 def test_defaults_need_no_environment() -> None:
     config = StoreConfig.from_env({})
     assert config.url == ".kernelfleet"

@@ -12,7 +12,6 @@ import pytest
 from kernelfleet.core.config import StoreConfig
 from kernelfleet.core.store import LocalStore, ObjectConflict, open_store
 
-
 WRITER = """
 import sys
 from kernelfleet.core.store import open_store

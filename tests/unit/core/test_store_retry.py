@@ -14,7 +14,6 @@ from kernelfleet.core.config import RetrySettings
 from kernelfleet.core.store._retry import GaveUp, Retrier, describe, is_transient
 
 
-
 class FakeResponse:
     def __init__(self, status: int) -> None:
         self.status = status

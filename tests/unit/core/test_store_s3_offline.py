@@ -16,7 +16,6 @@ from kernelfleet.core.config import RetrySettings, StoreConfig
 from kernelfleet.core.errors import StoreError, UsageError
 from kernelfleet.core.store import StoreUnavailable, open_store
 
-
 FAST_RETRY = RetrySettings(attempts=3, initial_backoff_s=0.01, max_backoff_s=0.05, deadline_s=10)
 
 

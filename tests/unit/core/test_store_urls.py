@@ -10,7 +10,6 @@ from kernelfleet.core.errors import UsageError
 from kernelfleet.core.store import StoreURL, parse_store_url
 
 
-
 def test_a_relative_path_is_resolved_against_the_working_directory(tmp_path: Path) -> None:
     assert parse_store_url(".kernelfleet", cwd=tmp_path) == StoreURL(
         "file", path=str(tmp_path / ".kernelfleet")

@@ -18,7 +18,6 @@ from torch._dynamo.utils import counters
 from kernelfleet.evaluator import EvalConfig
 from kernelfleet.evaluator import _child as C
 
-
 TASK = """
 import torch
 import torch.nn as nn

@@ -10,7 +10,6 @@ import pytest
 from kernelfleet.core.cli import main
 from tests.support import evaluator_cases as C
 
-
 QUICK = ["--device", "cpu", "--trials", "5", "--correctness-trials", "2", "--warmup", "1"]
 
 

@@ -10,12 +10,11 @@ from pydantic import ValidationError
 
 from kernelfleet.core.errors import UsageError
 from kernelfleet.core.models import Environment, EvaluationResult, Verdict
+from kernelfleet.core.tasks import parse_ids
 from kernelfleet.evaluator import EVALUATOR_VERSION, DirectoryResultCache, EvalConfig, gpu_class, load_tasks
 from kernelfleet.evaluator import reasons as R
 from kernelfleet.evaluator._ops import builds_custom_kernel, declared_kernels, needs_native_build
-from kernelfleet.core.tasks import parse_ids
 from tests.support import evaluator_cases as C
-
 
 
 def _jsonl(path: Path) -> Path:

@@ -20,7 +20,6 @@ from kernelfleet.evaluator._timing import (
 )
 
 
-
 def test_every_call_sees_fresh_values_and_the_order_is_random() -> None:
     bank = InputBank([[torch.randn(64), 3], [torch.randn(64), 3]])
     seen: list[bytes] = []

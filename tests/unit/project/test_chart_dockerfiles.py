@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 
-
 ROOT = Path(__file__).resolve().parents[3]
 IMAGES = ROOT / "images"
-COMPONENTS = {"core", "evaluator", "trainer", "operator"}
+COMPONENTS = {"core", "evaluator", "search", "trainer", "operator"}
 
 
 def instructions(path: Path) -> list[tuple[str, str]]:
@@ -51,14 +50,14 @@ def test_operator_image_installs_core_and_operator_only_and_no_gpu_stack() -> No
     dockerfile = IMAGES / "operator" / "Dockerfile"
     assert copied_components(dockerfile) == {"core", "operator"}
     text = text_of(dockerfile)
-    for word in ("evaluator", "trainer", "torch", "cuda", "vllm", "transformers", "trl"):
+    for word in ("evaluator", "search", "trainer", "torch", "cuda", "vllm", "transformers", "trl"):
         assert not re.search(rf"\b{word}\b", text, re.IGNORECASE), word
     assert re.search(r"^FROM python:3\.11-slim|PYTHON_IMAGE=python:3\.11-slim", text, re.MULTILINE)
 
 
 def test_worker_image_has_torch_and_no_vllm_and_no_operator() -> None:
     dockerfile = IMAGES / "worker" / "Dockerfile"
-    assert copied_components(dockerfile) == {"core", "evaluator", "trainer"}
+    assert copied_components(dockerfile) == {"core", "evaluator", "search"}
     text = text_of(dockerfile)
     assert "nvidia/cuda:" in text and "-devel-" in text  # nvcc: the evaluator compiles CUDA candidates
     assert re.search(r"pip install .*torch==", text)
@@ -68,7 +67,7 @@ def test_worker_image_has_torch_and_no_vllm_and_no_operator() -> None:
 
 def test_trainer_image_has_vllm_and_every_component_but_the_operator() -> None:
     dockerfile = IMAGES / "trainer" / "Dockerfile"
-    assert copied_components(dockerfile) == {"core", "evaluator", "trainer"}
+    assert copied_components(dockerfile) == {"core", "evaluator", "search", "trainer"}
     text = text_of(dockerfile)
     assert "nvidia/cuda:" in text
     assert re.search(r"pip install .*\bvllm\b", text)

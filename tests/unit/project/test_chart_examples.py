@@ -6,11 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 from kernelfleet.core.resources import GROUP, VERSION, OptimizationJobSpec, TrainingRunSpec
-
 
 ROOT = Path(__file__).resolve().parents[3]
 

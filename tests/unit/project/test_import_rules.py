@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-
 ROOT = Path(__file__).resolve().parents[3]
 
 # Top-level names each component must never import. Core is the strictest: it is a dependency

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
-
 ROOT = Path(__file__).resolve().parents[3]
 
 

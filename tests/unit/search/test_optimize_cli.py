@@ -20,7 +20,6 @@ from kernelfleet.search import cli
 from tests.support.search import REFERENCE, ScriptedEvaluator, variant_code
 
 
-
 def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(prog="kernelfleet")
     commands = root.add_subparsers(dest="command")

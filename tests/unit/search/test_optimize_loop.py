@@ -29,7 +29,6 @@ from tests.support.search import (
     variant_code,
 )
 
-
 PREFIX = "runs/test"
 
 

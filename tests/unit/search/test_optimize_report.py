@@ -22,7 +22,6 @@ from tests.support.search import (
 )
 
 
-
 def script(request: Request) -> str:
     if request.task.name == "slow":
         return answer(variant_code(f"slow-{request.index}", 0.5 + request.index / 10))

@@ -6,7 +6,6 @@ import pytest
 
 from kernelfleet.search import check_code, parse_answer
 
-
 CODE = """import torch
 import torch.nn as nn
 

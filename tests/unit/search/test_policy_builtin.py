@@ -18,7 +18,6 @@ from kernelfleet.core.models import Task
 from kernelfleet.search import CompilePolicy, ReplayPolicy, ReplayRow, Request, make_policy
 from kernelfleet.search.policies._replay import parse_replay_lines
 
-
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLES = ROOT / "examples"
 

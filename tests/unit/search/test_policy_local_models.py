@@ -15,7 +15,6 @@ from kernelfleet.search import HFPolicy, PolicyError, Request, VLLMPolicy, make_
 from kernelfleet.search.policies._specs import PolicyOptions
 from tests.support.search import answer, make_task, variant_code
 
-
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"

@@ -21,7 +21,6 @@ from kernelfleet.search.policies._openai import chat_completions_url
 from tests.support.search import ScriptedEvaluator, answer, make_task, variant_code
 
 
-
 @dataclass
 class Step:
     """What the server does with one request."""

@@ -11,7 +11,6 @@ from kernelfleet.core.models import Environment, EvaluationResult, Verdict
 from kernelfleet.search import Entry, VariantDatabase
 from kernelfleet.search._database import softmax_weights
 
-
 TASK = "t" * 64
 ENV = Environment(device="cpu", gpu_class="cpu", evaluator_version="v")
 

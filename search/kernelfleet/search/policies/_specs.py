@@ -11,10 +11,10 @@ import os
 from dataclasses import dataclass
 
 from kernelfleet.core.errors import UsageError
+from kernelfleet.search.policies._base import Policy
 from kernelfleet.search.policies._compile import CompilePolicy
 from kernelfleet.search.policies._local import HFPolicy, VLLMPolicy
 from kernelfleet.search.policies._openai import OpenAIPolicy, api_key_from_environment
-from kernelfleet.search.policies._base import Policy
 from kernelfleet.search.policies._replay import ReplayPolicy
 
 SPEC_FORMS = (
