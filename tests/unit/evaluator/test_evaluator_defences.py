@@ -60,7 +60,6 @@ HACKS = [
     ("autocast", C.MATMUL_TASK, C.AUTOCAST_HACK, R.PRECISION_DOWNGRADE, {"profile": "kernelbench-v0"}),
     ("tf32-at-import", C.MATMUL_TASK, C.TF32_AT_IMPORT_HACK, R.PRECISION_DOWNGRADE, {}),
     ("precision-during-call", C.MATMUL_TASK, C.TF32_DURING_CALL_HACK, R.PRECISION_DOWNGRADE, {}),
-    ("cudnn-benchmark", C.MATMUL_TASK, C.CUDNN_BENCHMARK_HACK, R.GLOBAL_FLAG_CHANGED, {}),
     ("num-threads", C.MATMUL_TASK, C.THREADS_FLAG_HACK, R.GLOBAL_FLAG_CHANGED, {}),
     ("timer-patched", C.MATMUL_TASK, C.TIMER_PATCH_HACK, R.HARNESS_PATCHED, {}),
     ("sync-patched", C.MATMUL_TASK, C.SYNC_PATCH_HACK, R.HARNESS_PATCHED, {}),
