@@ -47,7 +47,17 @@ from kernelfleet.core.errors import EvaluationCancelled  # noqa: E402
 from kernelfleet.core.models import EvaluationResult, Task  # noqa: E402
 from kernelfleet.evaluator import EVALUATOR_VERSION, EvalConfig, Evaluator, load_tasks  # noqa: E402
 
-STAGES = ("process_start", "cuda_init", "build", "reference", "candidate_load", "correctness", "lane_wait", "timing", "recheck")
+STAGES = (
+    "process_start",
+    "cuda_init",
+    "build",
+    "reference",
+    "candidate_load",
+    "correctness",
+    "lane_wait",
+    "timing",
+    "recheck",
+)
 
 
 def load_workload(kernels: Path, tasks_spec: str, count: int) -> list[tuple[Task, str, str]]:
@@ -67,7 +77,9 @@ def load_workload(kernels: Path, tasks_spec: str, count: int) -> list[tuple[Task
     return chosen
 
 
-def summarise(results: list[EvaluationResult], wall: float, metrics: dict[str, Any], util: float | None) -> dict[str, Any]:
+def summarise(
+    results: list[EvaluationResult], wall: float, metrics: dict[str, Any], util: float | None
+) -> dict[str, Any]:
     stages: dict[str, dict[str, float]] = {}
     for stage in STAGES:
         values = [r.stages[stage] for r in results if stage in r.stages]
@@ -81,7 +93,9 @@ def summarise(results: list[EvaluationResult], wall: float, metrics: dict[str, A
         "evaluations": len(results),
         "wall_s": round(wall, 1),
         "evaluations_per_gpu_hour": round(len(results) / wall * 3600, 1) if wall > 0 else None,
-        "median_seconds_per_evaluation": round(statistics.median(r.seconds for r in results), 2) if results else None,
+        "median_seconds_per_evaluation": round(statistics.median(r.seconds for r in results), 2)
+        if results
+        else None,
         "verdicts": dict(Counter(str(r.verdict) for r in results)),
         "stages": stages,
         "timing_lane_busy_share": metrics.get("timing_lane_busy_share"),
@@ -90,7 +104,9 @@ def summarise(results: list[EvaluationResult], wall: float, metrics: dict[str, A
     }
 
 
-def part_throughput(workload: list[tuple[Task, str, str]], args: argparse.Namespace, budget: float) -> dict[str, Any]:
+def part_throughput(
+    workload: list[tuple[Task, str, str]], args: argparse.Namespace, budget: float
+) -> dict[str, Any]:
     base: dict[str, Any] = {
         "device": args.device,
         "profile": args.profile,
@@ -104,14 +120,23 @@ def part_throughput(workload: list[tuple[Task, str, str]], args: argparse.Namesp
     for mode in ("pipeline", "one-at-a-time"):
         build_root = tempfile.mkdtemp(prefix=f"kf-reward-{mode}-")
         slots = 1 if mode == "one-at-a-time" else args.lane_slots
-        config = EvalConfig(**base, cache_dir=build_root, lane_slots=slots, compile_workers=1 if mode == "one-at-a-time" else None)
+        config = EvalConfig(
+            **base,
+            cache_dir=build_root,
+            lane_slots=slots,
+            compile_workers=1 if mode == "one-at-a-time" else None,
+        )
         deadline = time.monotonic() + budget / 2
+
+        def past_deadline(_: float, end: float = deadline) -> bool:
+            return time.monotonic() > end
+
         results: list[EvaluationResult] = []
         begin = time.monotonic()
         with UtilizationSampler() as sampler, Evaluator(config) as evaluator:
             if mode == "pipeline":
                 try:
-                    results = evaluator.evaluate_batch(items, progress=False, stop=lambda _: time.monotonic() > deadline)
+                    results = evaluator.evaluate_batch(items, progress=False, stop=past_deadline)
                 except EvaluationCancelled as cancelled:
                     results = [r for r in (cancelled.results or []) if isinstance(r, EvaluationResult)]
             else:
@@ -125,31 +150,47 @@ def part_throughput(workload: list[tuple[Task, str, str]], args: argparse.Namesp
         out[mode]["lane_slots"] = slots
         print(f"throughput {mode}: {json.dumps(out[mode])}", file=sys.stderr)
         shutil.rmtree(build_root, ignore_errors=True)
-    old, new = out["one-at-a-time"].get("evaluations_per_gpu_hour"), out["pipeline"].get("evaluations_per_gpu_hour")
+    old, new = (
+        out["one-at-a-time"].get("evaluations_per_gpu_hour"),
+        out["pipeline"].get("evaluations_per_gpu_hour"),
+    )
     if old and new:
         out["pipeline_over_one_at_a_time"] = round(new / old, 2)
     return out
 
 
-def part_repeat(workload: list[tuple[Task, str, str]], args: argparse.Namespace, budget: float) -> dict[str, Any]:
+def part_repeat(
+    workload: list[tuple[Task, str, str]], args: argparse.Namespace, budget: float
+) -> dict[str, Any]:
     config = EvalConfig(
-        device=args.device, profile=args.profile, timing_trials=args.trials, speedup_recheck=None,
-        run_timeout_s=args.task_timeout, compile_timeout_s=args.task_timeout,
+        device=args.device,
+        profile=args.profile,
+        timing_trials=args.trials,
+        speedup_recheck=None,
+        run_timeout_s=args.task_timeout,
+        compile_timeout_s=args.task_timeout,
     )
     chosen = workload[: args.repeat_tasks]
     items = []
     for task, code, _ in chosen:
         items += [(task, code + "\n# first process\n"), (task, code + "\n# second process\n")]
     deadline = time.monotonic() + budget
+
+    def past_deadline(_: float) -> bool:
+        return time.monotonic() > deadline
+
     with Evaluator(config) as evaluator:
         try:
             results: list[EvaluationResult | None] = list(
-                evaluator.evaluate_batch(items, progress=False, stop=lambda _: time.monotonic() > deadline)
+                evaluator.evaluate_batch(items, progress=False, stop=past_deadline)
             )
         except EvaluationCancelled as cancelled:
-            results = list(cancelled.results or [None] * len(items))
+            results = [
+                r if isinstance(r, EvaluationResult) else None
+                for r in cancelled.results or [None] * len(items)
+            ]
     rows = []
-    for index, (task, _, name) in enumerate(chosen):
+    for index, (_, _, name) in enumerate(chosen):
         first, second = results[2 * index], results[2 * index + 1]
         row: dict[str, Any] = {"task": name}
         if first is not None and second is not None and first.speedup and second.speedup:
@@ -204,7 +245,8 @@ def markdown(report: dict[str, Any]) -> str:
     lines = [
         f"# Reward-service benchmark, {env['date'][:10]}",
         "",
-        f"{env['gpu']} (driver {env['driver']}), {env['cpus']} CPUs, torch {env['torch']}, CUDA {env['cuda']}, "
+        f"{env['gpu']} (driver {env['driver']}), {env['cpus']} CPUs, torch {env['torch']}, "
+        f"CUDA {env['cuda']}, "
         f"evaluator {env['evaluator_version']}, commit `{env['commit']}`. Workload: CUDA-L1's published H100 "
         "kernels on their KernelBench v0 tasks.",
         "",
@@ -212,9 +254,11 @@ def markdown(report: dict[str, Any]) -> str:
     if "throughput" in report:
         t = report["throughput"]
         lines += [
-            f"## Throughput ({t['candidates']} candidates, {t['trials']} timed rounds per batch, cold build caches)",
+            f"## Throughput ({t['candidates']} candidates, {t['trials']} timed rounds per batch, "
+            "cold build caches)",
             "",
-            "| | evaluations | wall s | per GPU-hour | median s/eval | timing lane busy | nvidia-smi % | verdicts |",
+            "| | evaluations | wall s | per GPU-hour | median s/eval | timing lane busy | nvidia-smi % "
+            "| verdicts |",
             "| --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
         for mode in ("one-at-a-time", "pipeline"):
@@ -226,7 +270,12 @@ def markdown(report: dict[str, Any]) -> str:
                     f"{m['nvidia_smi_mean_utilization_pct']} | {m['verdicts']} |"
                 )
         lines += ["", f"Pipeline over one-at-a-time: {t.get('pipeline_over_one_at_a_time')}x.", ""]
-        lines += ["Seconds per stage (median per evaluation / total):", "", "| stage | one-at-a-time | pipeline |", "| --- | --- | --- |"]
+        lines += [
+            "Seconds per stage (median per evaluation / total):",
+            "",
+            "| stage | one-at-a-time | pipeline |",
+            "| --- | --- | --- |",
+        ]
         for stage in STAGES:
             cells = []
             for mode in ("one-at-a-time", "pipeline"):
@@ -240,7 +289,8 @@ def markdown(report: dict[str, Any]) -> str:
             f"## Repeatability ({r['tasks']} tasks, each candidate timed in two fresh processes)",
             "",
             f"|s1/s2 - 1| over {r['pairs_50us_and_up']} candidates of 50 us and more: p50 "
-            f"{r['p50_disagreement_50us_and_up']}, p90 {r['p90_disagreement_50us_and_up']} (all {r['timed_pairs']} "
+            f"{r['p50_disagreement_50us_and_up']}, p90 {r['p90_disagreement_50us_and_up']} "
+            f"(all {r['timed_pairs']} "
             f"timed: p90 {r['p90_disagreement_all']}).",
             "",
         ]
@@ -249,7 +299,9 @@ def markdown(report: dict[str, Any]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--kernels", default=os.environ.get("KERNELFLEET_CUDA_L1_KERNELS"), help="published-kernel JSONL")
+    parser.add_argument(
+        "--kernels", default=os.environ.get("KERNELFLEET_CUDA_L1_KERNELS"), help="published-kernel JSONL"
+    )
     parser.add_argument("--tasks", default="kernelbench-v0")
     parser.add_argument("--device", default="cuda:0")
     parser.add_argument("--profile", default="kernelbench-v0")

@@ -11,12 +11,9 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import pytest
-
 from kernelfleet.core.hashing import source_hash
 from kernelfleet.core.models import Environment, EvaluationResult, ResultKey, Task, Timing, Verdict
 from kernelfleet.search import Proposal, Request
-
 
 REFERENCE = """import torch
 import torch.nn as nn

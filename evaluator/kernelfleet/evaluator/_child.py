@@ -29,8 +29,8 @@ from typing import Any
 
 import torch
 
-from kernelfleet.evaluator import _guards as G
 from kernelfleet.core import reasons as R
+from kernelfleet.evaluator import _guards as G
 from kernelfleet.evaluator._config import EvalConfig
 from kernelfleet.evaluator._environment import driver_version
 from kernelfleet.evaluator._modules import load_module, load_module_at, module_file
@@ -131,12 +131,53 @@ def _release_forkserver() -> None:
         server._forkserver_alive_fd = None
 
 
+def _track_semaphores() -> list[str]:
+    """Named semaphores this process creates (torch.compile's worker pools make some).
+
+    Children share the parent's multiprocessing resource tracker (through the forkserver) and
+    end with `os._exit`, so semaphores they never released stayed registered there, and the
+    parent printed "There appear to be N leaked semaphore objects" at its exit (the end of
+    `make demo`). The child records what it registers and `_release_semaphores` unlinks and
+    unregisters the rest before it exits. A child killed on a timeout cannot: the tracker
+    cleans those up at the parent's exit, and its warning then names a real kill."""
+    from multiprocessing import resource_tracker
+
+    names: list[str] = []
+    register, unregister = resource_tracker.register, resource_tracker.unregister
+
+    def tracked_register(name: str, rtype: str) -> None:
+        if rtype == "semaphore":
+            names.append(name)
+        register(name, rtype)
+
+    def tracked_unregister(name: str, rtype: str) -> None:
+        if rtype == "semaphore" and name in names:
+            names.remove(name)
+        unregister(name, rtype)
+
+    resource_tracker.register = tracked_register  # type: ignore[assignment]
+    resource_tracker.unregister = tracked_unregister  # type: ignore[assignment]
+    return names
+
+
+def _release_semaphores(names: list[str]) -> None:
+    import _multiprocessing
+    from multiprocessing import resource_tracker
+
+    for name in list(names):
+        with contextlib.suppress(Exception):
+            _multiprocessing.sem_unlink(name)
+        with contextlib.suppress(Exception):
+            resource_tracker.unregister(name, "semaphore")
+
+
 def child_main(job: Job, conn: Any, lane: Any = None) -> None:
     """Entry point of every child (run from the forkserver). With `lane`, an evaluation asks
     for the timing lane before it times (`wait_for_lane`)."""
     global _LANE
     entered_at = time.time()
     _LANE = (conn, lane) if lane is not None else None
+    semaphores = _track_semaphores()
     _release_forkserver()
     _die_with_parent()
     with contextlib.suppress(OSError):
@@ -162,6 +203,7 @@ def child_main(job: Job, conn: Any, lane: Any = None) -> None:
         conn.send(result)
         conn.close()
     finally:
+        _release_semaphores(semaphores)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)

@@ -136,7 +136,9 @@ class EvaluationClient:
             if len(results) == len(ids):
                 return [results[i] for i in ids]
             if deadline is not None and time.monotonic() >= deadline:
-                raise ServiceError(f"{len(ids) - len(results)} of {len(ids)} evaluations still open after {timeout} s")
+                raise ServiceError(
+                    f"{len(ids) - len(results)} of {len(ids)} evaluations still open after {timeout} s"
+                )
             time.sleep(poll)
 
     def evaluate(
@@ -149,7 +151,9 @@ class EvaluationClient:
         timeout: float | None = None,
     ) -> dict[str, Any]:
         """Submit one evaluation and wait for it."""
-        return self.wait([self.submit(reference, candidate, profile=profile, options=options)], timeout=timeout)[0]
+        return self.wait(
+            [self.submit(reference, candidate, profile=profile, options=options)], timeout=timeout
+        )[0]
 
     def health(self) -> dict[str, Any]:
         status, payload, _ = self._request("GET", "/healthz")

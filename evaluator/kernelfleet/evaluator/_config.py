@@ -6,8 +6,9 @@ fp32 tolerance 1e-4, modules in eval mode, TF32 off, no autograd recording), `st
 (the same, but a candidate may turn TF32 on for both sides, and fp32 compares at 1e-3) and
 `kernelbench-v0`, which reproduces how the 2025 KernelBench numbers were judged (tolerance
 1e-2, train-mode modules, grad mode on, torch's default flags). In every profile a candidate
-may set `cudnn.benchmark`: it is a setting any user adopts, so it is applied to both sides. Timing is the same honest
-protocol in both: a profile loosens what counts as correct, never how the clock is read.
+may set `cudnn.benchmark`: it is a setting any user adopts, so it is applied to both sides.
+Timing is the same honest protocol in all: a profile loosens what counts as correct, never
+how the clock is read.
 """
 
 from __future__ import annotations

@@ -6,10 +6,11 @@ toolchain makes a rebuild free; the limit counts the build's own CPU time), whil
 runs several candidate processes at once, one fresh child per candidate: loading, CUDA start-up
 and correctness overlap, and the device's timing lane goes to one of them at a time, so a GPU
 never waits for nvcc, never runs two timings at once, and always has the next candidate ready.
-Every result carries the seconds of each stage; `Evaluator.metrics` sums them. Results are keyed by (task hash, candidate hash, GPU
-class, evaluator version) and written to the cache as they finish, so a killed batch resumes
-where it stopped. A speedup at or above `speedup_recheck` is timed again in a fresh process,
-and the lower of the two is the one that counts.
+Every result carries the seconds of each stage; `Evaluator.metrics` sums them. Results are
+keyed by (task hash, candidate hash, GPU class, evaluator version) and written to the cache as
+they finish, so a killed batch resumes where it stopped. A speedup at or above
+`speedup_recheck` is timed again in a fresh process, and the lower of the two is the one that
+counts.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -35,10 +36,10 @@ from typing import Any
 
 from tqdm import tqdm
 
+from kernelfleet.core import reasons as R
 from kernelfleet.core.errors import EvaluationCancelled, UsageError
 from kernelfleet.core.hashing import source_hash
 from kernelfleet.core.models import Environment, EvaluationResult, ResultKey, Task, Timing, Variant, Verdict
-from kernelfleet.core import reasons as R
 from kernelfleet.evaluator._cache import ResultCache
 from kernelfleet.evaluator._child import Job
 from kernelfleet.evaluator._config import EvalConfig
@@ -78,7 +79,9 @@ class BatchCancelled(EvaluationCancelled):
 
     def __init__(self, results: list[EvaluationResult | None]) -> None:
         done = sum(1 for result in results if result is not None)
-        super().__init__(f"the batch was stopped with {done} of {len(results)} evaluations finished", list(results))
+        super().__init__(
+            f"the batch was stopped with {done} of {len(results)} evaluations finished", list(results)
+        )
 
 
 class _Lane:
@@ -112,10 +115,10 @@ class Metrics:
         self._lock = threading.Lock()
         self.started = time.monotonic()
         self.verdicts: Counter[str] = Counter()
-        self.stage_seconds: Counter[str] = Counter()
+        self.stage_seconds: defaultdict[str, float] = defaultdict(float)
         self.stage_counts: Counter[str] = Counter()
-        self.timing_busy: Counter[int] = Counter()  # lane index -> seconds the timing lane was held
-        self.active_busy: Counter[int] = Counter()  # lane index -> seconds with a child on the lane
+        self.timing_busy: defaultdict[int, float] = defaultdict(float)  # lane -> seconds the lane was held
+        self.active_busy: defaultdict[int, float] = defaultdict(float)  # lane -> seconds with a child on it
         self._active: Counter[int] = Counter()
         self._active_since: dict[int, float] = {}
         self._holding: dict[int, float] = {}
@@ -157,13 +160,16 @@ class Metrics:
         with self._lock:
             now = time.monotonic()
             elapsed = max(now - self.started, 1e-9)
-            lanes = sorted(set(self.timing_busy) | set(self._holding) | set(self.active_busy) | set(self._active))
+            lanes = sorted(
+                set(self.timing_busy) | set(self._holding) | set(self.active_busy) | set(self._active)
+            )
             timing = {
                 lane: self.timing_busy[lane] + (now - self._holding[lane] if lane in self._holding else 0.0)
                 for lane in lanes
             }
             active = {
-                lane: self.active_busy[lane] + (now - self._active_since[lane] if lane in self._active_since else 0.0)
+                lane: self.active_busy[lane]
+                + (now - self._active_since[lane] if lane in self._active_since else 0.0)
                 for lane in lanes
             }
             return {
@@ -423,7 +429,11 @@ class Evaluator:
                 item,
                 lane,
                 "timeout",
-                [R.reason(R.TIMEOUT, f"{what} the candidate took longer than {limit}; the process was killed")],
+                [
+                    R.reason(
+                        R.TIMEOUT, f"{what} the candidate took longer than {limit}; the process was killed"
+                    )
+                ],
                 seconds=outcome.seconds,
                 log=outcome.log,
             )
@@ -515,7 +525,9 @@ class Evaluator:
                 # interval, stands; the review flag asks a person to look.
                 reasons += [f"{t} (re-check)" for t in second["reasons"]]
                 reasons.append(
-                    R.reason(R.NOT_REPRODUCIBLE, "the re-check could not time the candidate; the first stands")
+                    R.reason(
+                        R.NOT_REPRODUCIBLE, "the re-check could not time the candidate; the first stands"
+                    )
                 )
             else:
                 again = float(second["speedup"])
@@ -570,7 +582,9 @@ class Evaluator:
             return self._failure(outcome, item, lane, "building")
         if answer["verdict"] == "built":
             return None
-        return self._result(item, lane, answer["verdict"], answer["reasons"], seconds=outcome.seconds, log=outcome.log)
+        return self._result(
+            item, lane, answer["verdict"], answer["reasons"], seconds=outcome.seconds, log=outcome.log
+        )
 
     def _compile_workers(self) -> int:
         if self.config.compile_workers is not None:
@@ -593,7 +607,10 @@ class Evaluator:
                 for lane in lanes:
                     for slot in range(self._lane_slots()):
                         thread = threading.Thread(
-                            target=self._lane_worker, args=(lane,), name=f"lane{lane.index}-{slot}", daemon=True
+                            target=self._lane_worker,
+                            args=(lane,),
+                            name=f"lane{lane.index}-{slot}",
+                            daemon=True,
                         )
                         thread.start()
                         self._threads.append(thread)
@@ -615,7 +632,9 @@ class Evaluator:
             compile(text, "<candidate>", "exec")
         except (SyntaxError, ValueError) as error:
             detail = f"{error.msg} (line {error.lineno})" if isinstance(error, SyntaxError) else str(error)
-            result = self._result(item, lanes[0], "compile_error", [R.reason(R.SYNTAX_ERROR, detail)], seconds=0.0)
+            result = self._result(
+                item, lanes[0], "compile_error", [R.reason(R.SYNTAX_ERROR, detail)], seconds=0.0
+            )
             self.metrics.finished(result)
             item.future.set_result(result)
             return item.future
@@ -650,7 +669,9 @@ class Evaluator:
                     return item.state
         return "pending"
 
-    def _done(self, item: _Item, result: EvaluationResult | None = None, error: BaseException | None = None) -> None:
+    def _done(
+        self, item: _Item, result: EvaluationResult | None = None, error: BaseException | None = None
+    ) -> None:
         with self._pipeline_lock:
             self._items.discard(item)
         if item.future.done():

@@ -110,18 +110,23 @@ class EvaluationService:
         try:
             missing = missing_task_names(reference)
         except SyntaxError as error:
-            raise RequestError(400, f"the reference is not valid Python ({error.msg}, line {error.lineno})") from None
+            raise RequestError(
+                400, f"the reference is not valid Python ({error.msg}, line {error.lineno})"
+            ) from None
         if missing:
             raise RequestError(
-                400, f"the reference does not define {', '.join(missing)}; a task defines Model, get_inputs "
-                "and get_init_inputs"
+                400,
+                f"the reference does not define {', '.join(missing)}; a task defines Model, get_inputs "
+                "and get_init_inputs",
             )
         options = body.get("options") or {}
         if not isinstance(options, dict):
             raise RequestError(400, "'options' must be an object")
         bad = sorted(set(options) - REQUEST_OPTIONS)
         if bad:
-            raise RequestError(400, f"option(s) {bad} cannot be set per request; allowed: {sorted(REQUEST_OPTIONS)}")
+            raise RequestError(
+                400, f"option(s) {bad} cannot be set per request; allowed: {sorted(REQUEST_OPTIONS)}"
+            )
         profile = body.get("profile")
         if profile is not None:
             if profile not in PROFILES:
@@ -149,7 +154,8 @@ class EvaluationService:
                 wait = self._retry_after()
                 raise RequestError(
                     429,
-                    f"the queue is full ({self._open} of {self.max_queue} evaluations open); retry in {wait} s",
+                    f"the queue is full ({self._open} of {self.max_queue} evaluations open); "
+                    f"retry in {wait} s",
                     {"Retry-After": str(wait)},
                 )
             self._open += len(parsed)
@@ -235,7 +241,9 @@ class EvaluationService:
             "Evaluations now in each pipeline stage.",
             [(f'{{stage="{k}"}}', float(snap[k])) for k in ("waiting", "building", "running")],
         )
-        metric("kernelfleet_eval_queue_capacity", "gauge", "The queue's bound.", [("", float(self.max_queue))])
+        metric(
+            "kernelfleet_eval_queue_capacity", "gauge", "The queue's bound.", [("", float(self.max_queue))]
+        )
         metric(
             "kernelfleet_evaluations_total",
             "counter",
@@ -243,7 +251,10 @@ class EvaluationService:
             [(f'{{verdict="{k}"}}', float(v)) for k, v in sorted(snap["verdicts"].items())],
         )
         metric(
-            "kernelfleet_eval_cancelled_total", "counter", "Evaluations cancelled.", [("", float(snap["cancelled"]))]
+            "kernelfleet_eval_cancelled_total",
+            "counter",
+            "Evaluations cancelled.",
+            [("", float(snap["cancelled"]))],
         )
         metric(
             "kernelfleet_eval_refused_total",
@@ -269,7 +280,12 @@ class EvaluationService:
             "Seconds spent per evaluation stage, summed over evaluations.",
             [(f'{{stage="{k}"}}', v) for k, v in snap["stage_seconds"].items()],
         )
-        metric("kernelfleet_eval_uptime_seconds", "gauge", "Seconds since the service started.", [("", snap["uptime_s"])])
+        metric(
+            "kernelfleet_eval_uptime_seconds",
+            "gauge",
+            "Seconds since the service started.",
+            [("", snap["uptime_s"])],
+        )
         return "\n".join(lines) + "\n"
 
 
@@ -277,10 +293,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     server: _Server
     protocol_version = "HTTP/1.1"
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
+    def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s %s", self.address_string(), format % args)
 
-    def _send(self, status: int, body: Any, headers: Mapping[str, str] | None = None, text: bool = False) -> None:
+    def _send(
+        self, status: int, body: Any, headers: Mapping[str, str] | None = None, text: bool = False
+    ) -> None:
         data = body.encode() if text else (json.dumps(body) + "\n").encode()
         self.send_response(status)
         self.send_header("Content-Type", "text/plain; version=0.0.4" if text else "application/json")
@@ -336,10 +354,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             log.exception("request %s %s failed", method, path)
             self._send(500, {"error": f"{type(error).__name__}: {error}"})
 
-    def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+    def do_GET(self) -> None:
         self._handle("GET")
 
-    def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+    def do_POST(self) -> None:
         self._handle("POST")
 
 
@@ -356,7 +374,9 @@ class ServiceServer:
     """The HTTP server around an `EvaluationService`; `start()` serves in a thread, `serve()`
     in the caller's. `port` 0 picks a free port (see `.port` afterwards)."""
 
-    def __init__(self, service: EvaluationService, host: str = "127.0.0.1", port: int = 0, token: str | None = None) -> None:
+    def __init__(
+        self, service: EvaluationService, host: str = "127.0.0.1", port: int = 0, token: str | None = None
+    ) -> None:
         self.service = service
         self._server = _Server((host, port), service, token)
         self._thread: threading.Thread | None = None

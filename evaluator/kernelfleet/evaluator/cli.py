@@ -22,12 +22,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from kernelfleet.core import reasons as R
 from kernelfleet.core.errors import UsageError
 from kernelfleet.core.models import EvaluationResult, Task
-from kernelfleet.core import reasons as R
+from kernelfleet.core.tasks import missing_task_names
 from kernelfleet.evaluator._config import BASELINE_MODES, PROFILES, EvalConfig
 from kernelfleet.evaluator._evaluator import Evaluator
-from kernelfleet.core.tasks import missing_task_names
 
 
 def register(subcommands: argparse._SubParsersAction) -> None:

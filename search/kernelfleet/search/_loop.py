@@ -27,10 +27,9 @@ import contextlib
 import hashlib
 import random
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from collections.abc import Callable
 from typing import Any, Protocol
 
 from kernelfleet.core.errors import EvaluationCancelled, UsageError
@@ -44,12 +43,12 @@ from kernelfleet.core.models import (
     Verdict,
 )
 from kernelfleet.core.store import NotFound, ObjectConflict, Store
-from kernelfleet.search.policies._compile import COMPILE_DEFAULT
 from kernelfleet.search._database import Entry, VariantDatabase
 from kernelfleet.search._layout import ANSWER_LIMIT, RunLayout, SampleRecord, task_object
-from kernelfleet.search.policies._base import Policy, Proposal, Request
 from kernelfleet.search._progress import Progress, QuietProgress
 from kernelfleet.search._prompts import Exemplar
+from kernelfleet.search.policies._base import Policy, Proposal, Request
+from kernelfleet.search.policies._compile import COMPILE_DEFAULT
 
 
 class EvaluatorLike(Protocol):
@@ -583,7 +582,9 @@ class OptimizationLoop:
         )
         return dict(measured)
 
-    def _verify(self, state: _TaskState, measure: bool = True) -> tuple[Entry | None, EvaluationResult | None]:
+    def _verify(
+        self, state: _TaskState, measure: bool = True
+    ) -> tuple[Entry | None, EvaluationResult | None]:
         """The best variant that is correct again in a fresh evaluation, and that evaluation.
         Without `measure`, only a verification already in the store counts."""
         ranked = state.db.ranked()

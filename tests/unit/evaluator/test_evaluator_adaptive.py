@@ -13,7 +13,7 @@ import pytest
 from kernelfleet.core.models import Task, Verdict
 from kernelfleet.evaluator import EvalConfig, Evaluator
 from kernelfleet.evaluator import reasons as R
-from kernelfleet.evaluator._timing import adaptive_timing, decide, speedup_interval
+from kernelfleet.evaluator._timing import AdaptiveTiming, adaptive_timing, decide, speedup_interval
 from tests.support import evaluator_cases as C
 
 Measure = Callable[[int, bool], tuple[list[float], list[float]]]
@@ -39,7 +39,7 @@ def pair(ratio: float, noise: float, seed: int, drift: float = 0.0) -> tuple[Mea
     return measure, calls
 
 
-def run(measure: Measure, extra: int = 7) -> object:
+def run(measure: Measure, extra: int = 7) -> AdaptiveTiming:
     return adaptive_timing(
         measure, trials=100, extra_batches=extra, precision=0.02, max_cv=0.1, budget_s=1e9, seed=3
     )
@@ -50,7 +50,7 @@ def test_far_apart_medians_settle_at_once() -> None:
     timed = run(measure)
     assert timed.settled and len(calls) == 1
     speedup, noisy = decide(timed, 0.1)
-    assert noisy is None and speedup == pytest.approx(2.0, rel=0.02)
+    assert noisy is None and speedup is not None and speedup == pytest.approx(2.0, rel=0.02)
     assert timed.estimate.low < speedup < timed.estimate.high
 
 

@@ -13,7 +13,6 @@ from kernelfleet.evaluator import EvalConfig, Evaluator
 from kernelfleet.evaluator import reasons as R
 from tests.support import evaluator_cases as C
 
-
 FAST = {
     "device": "cpu",
     "correctness_trials": 3,

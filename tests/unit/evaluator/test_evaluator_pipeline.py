@@ -67,7 +67,8 @@ def test_cancelling_kills_a_running_evaluation() -> None:
 
 
 def test_cpu_time_counts_the_process_tree_not_the_wall_clock() -> None:
-    busy = "import subprocess, sys; subprocess.run([sys.executable, '-c', 'import time\\nt=time.process_time()\\nwhile time.process_time()-t<1.0: pass'])"
+    spin = "import time\nt = time.process_time()\nwhile time.process_time() - t < 1.0: pass"
+    busy = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {spin!r}])"
     idle = "import time; time.sleep(1.5)"
     for code, low, high in ((busy, 0.8, 30.0), (idle, 0.0, 0.5)):
         process = subprocess.Popen([sys.executable, "-c", code])

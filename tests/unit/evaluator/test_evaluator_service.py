@@ -140,8 +140,21 @@ def test_eval_serve_command_starts_and_answers(tmp_path: Path) -> None:
     token_file = tmp_path / "token"
     token_file.write_text("from-a-file\n")
     process = subprocess.Popen(
-        [sys.executable, "-m", "kernelfleet.core.cli", "eval", "serve", "--port", "0", "--device", "cpu",
-         "--token-file", str(token_file), "--max-queue", "2"],
+        [
+            sys.executable,
+            "-m",
+            "kernelfleet.core.cli",
+            "eval",
+            "serve",
+            "--port",
+            "0",
+            "--device",
+            "cpu",
+            "--token-file",
+            str(token_file),
+            "--max-queue",
+            "2",
+        ],
         stderr=subprocess.PIPE,
         text=True,
     )

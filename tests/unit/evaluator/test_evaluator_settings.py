@@ -26,7 +26,7 @@ MATMUL = Task(name="matmul", code=C.MATMUL_TASK)
 
 
 def judge_all(profile: str, candidates: list[str]) -> list[EvaluationResult]:
-    with Evaluator(EvalConfig(**FAST, profile=profile)) as evaluator:  # type: ignore[arg-type]
+    with Evaluator(EvalConfig(**FAST, profile=profile)) as evaluator:
         return evaluator.evaluate_batch([(MATMUL, code) for code in candidates], progress=False)
 
 

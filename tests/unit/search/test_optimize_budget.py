@@ -35,7 +35,9 @@ def test_a_budget_cancels_the_evaluation_in_flight_and_resume_runs_it(tmp_path: 
     slow = ReplayRow(task="matmul", code=C.sleeper(20.0, str(flag)), name="slow")
     store = open_store(tmp_path / "store")
     settings = LoopSettings(measure_baselines=False)
-    budget = Budget(rounds=1, samples_per_round=1, **{"wall_time_s" if limit == "wall-time" else "gpu_seconds": 8.0})
+    budget = Budget(
+        rounds=1, samples_per_round=1, **{"wall_time_s" if limit == "wall-time" else "gpu_seconds": 8.0}
+    )
     with Evaluator(CONFIG) as evaluator:
         environment = evaluator.environment
         begin = time.monotonic()
