@@ -101,7 +101,9 @@ def test_honest_twin_passes(task_code: str, candidate: str, overrides: dict[str,
     assert_correct(result)
     assert result.speedup is not None and result.speedup > 0
     assert result.reference is not None and result.candidate is not None
-    assert result.reference.trials == result.candidate.trials == FAST["timing_trials"]
+    # Adaptive timing takes whole batches of timing_trials rounds until the speedup settles.
+    assert result.reference.trials == result.candidate.trials
+    assert result.candidate.trials % FAST["timing_trials"] == 0
     assert result.max_abs_error is not None
 
 
