@@ -6,10 +6,15 @@
 # Usage: KERNELFLEET_COMMIT=<sha> scripts/gpu-check.sh [--quick]
 #   --quick: the GPU tests only. EVAL_SECONDS / OPT_SECONDS bound the two benchmarks; OPT_STORE
 #   keeps the optimisation runs (a second call on a still-warm machine resumes them).
+#   --reward: only the reward-service benchmark (benchmarks/reward_service.py, about 8 minutes:
+#   REWARD_SECONDS), on the published kernels in $KERNELFLEET_CUDA_L1_KERNELS (default
+#   .data/cuda-l1-h100-kernels.jsonl, carried to the machine; it is not in the repository).
 #   Missing Python packages (pydantic, minio) travel as wheels in .whl/ and are installed to /tmp/site.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 QUICK=0; [[ "${1:-}" == "--quick" ]] && QUICK=1
+REWARD=0; [[ "${1:-}" == "--reward" ]] && REWARD=1
+KERNELS=${KERNELFLEET_CUDA_L1_KERNELS:-.data/cuda-l1-h100-kernels.jsonl}
 
 if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -48,7 +53,10 @@ step() {  # step NAME COMMAND...: run one stage, keep going when it fails, recor
 EVAL_ARGS=(--out "$RESULTS" --max-seconds "${EVAL_SECONDS:-300}")
 OPT_ARGS=(--out "$RESULTS" --store "${OPT_STORE:-results/tmp/gpu-optimize-store}" --wall-time "${OPT_SECONDS:-220}")
 GPUS=$(python3 -c 'import torch; print(torch.cuda.device_count())')
-if [[ $QUICK == 1 ]]; then
+REWARD_ARGS=(--out "$RESULTS" --kernels "$KERNELS" --max-seconds "${REWARD_SECONDS:-420}")
+if [[ $REWARD == 1 ]]; then
+  step reward-bench python3 benchmarks/reward_service.py "${REWARD_ARGS[@]}"
+elif [[ $QUICK == 1 ]]; then
   step gpu-tests python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu
 elif [[ $GPUS -ge 2 ]]; then
   ( export CUDA_VISIBLE_DEVICES=1; step optimize-bench python3 benchmarks/gpu_optimize.py "${OPT_ARGS[@]}" ) &

@@ -13,3 +13,13 @@ class UsageError(KernelfleetError):
 
 class StoreError(KernelfleetError):
     """The artifact store failed in a way that retrying will not fix."""
+
+
+class EvaluationCancelled(KernelfleetError):
+    """An evaluation was stopped before it finished (a budget ended, the evaluator closed): it
+    has no result, nothing of it was stored, and it runs again when asked again. A batch
+    stopped early carries what did finish in `results` (input order, None where cancelled)."""
+
+    def __init__(self, message: str = "cancelled", results: list[object] | None = None) -> None:
+        super().__init__(message)
+        self.results = results

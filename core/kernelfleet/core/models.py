@@ -96,12 +96,24 @@ class EvaluationResult(Frozen):
     reference: Timing | None = None
     candidate: Timing | None = None
     speedup: float | None = Field(default=None, description="reference median / candidate median.")
+    speedup_ci: tuple[float, float] | None = Field(
+        default=None, description="95% bootstrap interval of the speedup (paired rounds)."
+    )
+    settings: dict[str, str] = Field(
+        default_factory=dict,
+        description="Global settings the candidate needs (e.g. cudnn.benchmark), applied to both sides.",
+    )
     flagged_for_review: bool = Field(default=False, description="Speedup above the review ceiling.")
     max_abs_error: float | None = None
     environment: Environment
     profile: str = "strict"
     seconds: float = Field(default=0.0, description="Wall time the evaluation took.")
     log: str = Field(default="", description="Compiler or runtime output worth keeping (truncated).")
+    stages: dict[str, float] = Field(
+        default_factory=dict,
+        description="Seconds per stage: process_start, cuda_init, build, reference, candidate_load, "
+        "correctness, lane_wait, timing, recheck.",
+    )
 
     @property
     def key(self) -> ResultKey:
@@ -172,4 +184,7 @@ class TaskSummary(Frozen):
         default_factory=dict, description="eager, compile, ... of the reference."
     )
     gpu_seconds: float = 0.0
+    not_evaluated: int = Field(
+        default=0, description="Variants cancelled in flight when the budget ended; evaluated on resume."
+    )
     finished_at: str = ""

@@ -49,6 +49,8 @@ TIMING_NOISY = "timing-noisy"
 DEGENERATE_TASK = "degenerate-task"
 NATIVE_THREADS = "native-threads"
 TRACE_UNAVAILABLE = "trace-unavailable"
+SETTING_APPLIED = "setting-applied"
+NOT_EVALUATED = "not-evaluated"
 
 REJECTING = frozenset(
     {

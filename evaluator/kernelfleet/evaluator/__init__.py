@@ -17,24 +17,41 @@ with named defences against the reward hacks that have fooled earlier harnesses:
 from kernelfleet.core import reasons
 from kernelfleet.core.tasks import kernelbench_dir, load_tasks
 from kernelfleet.evaluator._cache import DirectoryResultCache, ResultCache
+from kernelfleet.evaluator._client import EvaluationClient, ServiceError, result_from_json
 from kernelfleet.evaluator._config import BASELINE_MODES, PROFILES, EvalConfig, Profile
 from kernelfleet.evaluator._environment import gpu_class
-from kernelfleet.evaluator._evaluator import Evaluator, TaskError, timing_from
+from kernelfleet.evaluator._evaluator import (
+    BatchCancelled,
+    EvaluationCancelled,
+    Evaluator,
+    Metrics,
+    TaskError,
+    timing_from,
+)
+from kernelfleet.evaluator._service import EvaluationService, ServiceServer
 from kernelfleet.evaluator._version import EVALUATOR_VERSION
 
 __all__ = [
     "BASELINE_MODES",
     "EVALUATOR_VERSION",
     "PROFILES",
+    "BatchCancelled",
     "DirectoryResultCache",
     "EvalConfig",
+    "EvaluationCancelled",
+    "EvaluationClient",
+    "EvaluationService",
     "Evaluator",
+    "Metrics",
     "Profile",
     "ResultCache",
+    "ServiceError",
+    "ServiceServer",
     "TaskError",
     "gpu_class",
     "kernelbench_dir",
     "load_tasks",
     "reasons",
+    "result_from_json",
     "timing_from",
 ]

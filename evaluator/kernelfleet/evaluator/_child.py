@@ -20,6 +20,7 @@ import os
 import random
 import signal
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -52,8 +53,8 @@ from kernelfleet.evaluator._timing import (
     InputBank,
     Subject,
     TimingRun,
-    bucket_speedups,
-    coefficient_of_variation,
+    adaptive_timing,
+    decide,
     escaped_work_ms,
     run_timing,
     stats,
@@ -82,6 +83,20 @@ class Job:
     env: dict[str, str] = field(default_factory=dict)
     work_dir: str = ""
     seed: int = 0
+
+
+# (answer pipe, lane pipe) of a gated evaluation: see `wait_for_lane`.
+_LANE: tuple[Any, Any] | None = None
+
+
+def wait_for_lane() -> None:
+    """Loading and correctness run beside other candidates on the same device; timing waits
+    here until the parent hands this process the device's timing lane."""
+    if _LANE is None:
+        return
+    answers, lane = _LANE
+    answers.send({"status": "ready"})
+    lane.recv()
 
 
 class Stop(Exception):
@@ -116,8 +131,53 @@ def _release_forkserver() -> None:
         server._forkserver_alive_fd = None
 
 
-def child_main(job: Job, conn: Any) -> None:
-    """Entry point of every child (run from the forkserver)."""
+def _track_semaphores() -> list[str]:
+    """Named semaphores this process creates (torch.compile's worker pools make some).
+
+    Children share the parent's multiprocessing resource tracker (through the forkserver) and
+    end with `os._exit`, so semaphores they never released stayed registered there, and the
+    parent printed "There appear to be N leaked semaphore objects" at its exit (the end of
+    `make demo`). The child records what it registers and `_release_semaphores` unlinks and
+    unregisters the rest before it exits. A child killed on a timeout cannot: the tracker
+    cleans those up at the parent's exit, and its warning then names a real kill."""
+    from multiprocessing import resource_tracker
+
+    names: list[str] = []
+    register, unregister = resource_tracker.register, resource_tracker.unregister
+
+    def tracked_register(name: str, rtype: str) -> None:
+        if rtype == "semaphore":
+            names.append(name)
+        register(name, rtype)
+
+    def tracked_unregister(name: str, rtype: str) -> None:
+        if rtype == "semaphore" and name in names:
+            names.remove(name)
+        unregister(name, rtype)
+
+    resource_tracker.register = tracked_register  # type: ignore[assignment]
+    resource_tracker.unregister = tracked_unregister  # type: ignore[assignment]
+    return names
+
+
+def _release_semaphores(names: list[str]) -> None:
+    import _multiprocessing
+    from multiprocessing import resource_tracker
+
+    for name in list(names):
+        with contextlib.suppress(Exception):
+            _multiprocessing.sem_unlink(name)
+        with contextlib.suppress(Exception):
+            resource_tracker.unregister(name, "semaphore")
+
+
+def child_main(job: Job, conn: Any, lane: Any = None) -> None:
+    """Entry point of every child (run from the forkserver). With `lane`, an evaluation asks
+    for the timing lane before it times (`wait_for_lane`)."""
+    global _LANE
+    entered_at = time.time()
+    _LANE = (conn, lane) if lane is not None else None
+    semaphores = _track_semaphores()
     _release_forkserver()
     _die_with_parent()
     with contextlib.suppress(OSError):
@@ -138,10 +198,12 @@ def child_main(job: Job, conn: Any) -> None:
         result = {"status": "reference-error", "error": str(error)}
     except BaseException:
         result = {"status": "internal-error", "error": traceback.format_exc()[-4000:]}
+    result["entered_at"] = entered_at
     try:
         conn.send(result)
         conn.close()
     finally:
+        _release_semaphores(semaphores)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
@@ -256,12 +318,26 @@ class Session:
         self.ref_trace: OpTrace | None = None
         self.init_seed = self.rng.getrandbits(31)
         self.trace_error = ""
+        self.settings: dict[str, object] = {}  # allowed settings the candidate adopted
+        self.stages: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def stage(self, name: str) -> Any:
+        """Time one stage of the evaluation (reported per result, summed in the metrics)."""
+        begin = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.stages[name] = self.stages.get(name, 0.0) + time.perf_counter() - begin
 
     # -- setup
 
     def setup_torch(self) -> None:
         if self.cuda:
-            torch.cuda.set_device(self.device)
+            with self.stage("cuda_init"):
+                torch.cuda.set_device(self.device)
+                torch.zeros(1, device=self.device)  # the context now, not inside the reference
+                self.sync()
         if self.profile.strict_fp32:
             G.apply_strict_fp32()
         if not self.cuda and self.config.cpu_threads is not None:
@@ -346,7 +422,12 @@ class Session:
         walk over torch's namespaces, so per-trial checks leave it to the next full check),
         the reference module and threads with their state before the candidate existed."""
         found: list[str] = []
-        changes = G.diff_flags(self.flags, G.snapshot_flags())
+        changes = []
+        for name, before, after in G.diff_flags(self.flags, G.snapshot_flags()):
+            if self.profile.allows(name, after):
+                self.adopt(name, after)
+            else:
+                changes.append((name, before, after))
         for name, before, after in changes:
             code = R.PRECISION_DOWNGRADE if name in G.PRECISION_FLAGS else R.GLOBAL_FLAG_CHANGED
             found.append(R.reason(code, f"{name} changed from {before!r} to {after!r} while {stage}"))
@@ -375,6 +456,21 @@ class Session:
                 self.reasons.append(text)
         if any(R.is_rejecting(text) for text in found):
             raise Stop("rejected", [])
+
+    def adopt(self, name: str, value: object) -> None:
+        """A setting any user could make (cudnn.benchmark; TF32 where the profile allows): it
+        is process-wide, so the reference runs with it too from now on, and the result names
+        it. The flags' baseline moves, so later checks do not see it as a change."""
+        if name not in self.settings:
+            self.reasons.append(
+                R.reason(
+                    R.SETTING_APPLIED,
+                    f"the candidate sets {name}={value!r}; applied to the reference as well",
+                )
+            )
+        self.settings[name] = value
+        G.restore_flags({name: value})
+        self.flags[name] = value
 
     def native_threads(self) -> None:
         new = G.os_thread_ids() - self.os_threads - G.python_native_ids()
@@ -577,6 +673,9 @@ class Session:
                     )
                 )
         for flag, (value, op) in sorted(trace.flag_changes.items()):
+            if self.profile.allows(flag, value):
+                self.adopt(flag, value)
+                continue
             code = R.PRECISION_DOWNGRADE if flag in G.PRECISION_FLAGS else R.GLOBAL_FLAG_CHANGED
             self.reasons.append(
                 R.reason(code, f"{flag} was {value!r} during the call (at {op}), then restored")
@@ -673,16 +772,16 @@ class Session:
             _release(outputs["reference"], protected)
 
         flush_bytes = self.config.resolved_flush_bytes(self.cuda)
-        runs: list[TimingRun] = []
-        cv = 0.0
-        for _attempt in range(self.config.timing_retries + 1):
+        total = TimingRun({"reference": [], "candidate": []}, {"reference": [], "candidate": []})
+
+        def measure(rounds: int, first: bool) -> tuple[list[float], list[float]]:
             try:
                 run = run_timing(
                     subjects,
                     bank,
                     device=self.device,
-                    warmup=self.config.warmup,
-                    trials=self.config.timing_trials,
+                    warmup=self.config.warmup if first else 2,
+                    trials=rounds,
                     flush_bytes=flush_bytes,
                     rng=self.rng,
                     check_round=check_round,
@@ -697,14 +796,23 @@ class Session:
                 first_round, problem = run.failed_rounds[0]
                 self.reasons.append(f"{problem} (round {first_round + 1}, {len(run.failed_rounds)} rounds)")
                 raise Stop("rejected", [])
-            runs.append(run)
-            cv = coefficient_of_variation(bucket_speedups(run.samples["reference"], run.samples["candidate"]))
-            gate = self.config.max_speedup_cv
-            if gate is None or cv <= gate:
-                break
-        run = runs[-1]
-        escaped = escaped_work_ms(run, "candidate", "reference")
-        cand_median = stats(run.samples["candidate"]).median_ms
+            for label in ("reference", "candidate"):
+                total.samples[label] += run.samples[label]
+                total.naive[label] += run.naive.get(label, [])
+            return run.samples["reference"], run.samples["candidate"]
+
+        config = self.config
+        timed = adaptive_timing(
+            measure,
+            trials=config.timing_trials,
+            extra_batches=config.timing_retries,
+            precision=config.timing_precision,
+            max_cv=config.max_speedup_cv,
+            budget_s=config.timing_budget_s,
+            seed=self.rng.getrandbits(31),
+        )
+        escaped = escaped_work_ms(total, "candidate", "reference")
+        cand_median = stats(timed.candidate).median_ms
         if escaped > max(0.015, 0.1 * cand_median):
             self.reasons.append(
                 R.reason(
@@ -714,26 +822,17 @@ class Session:
                 )
             )
             raise Stop("rejected", [])
-        ref_stats = stats(run.samples["reference"])
-        cand_stats = stats(run.samples["candidate"])
-        speedup: float | None = (
-            ref_stats.median_ms / cand_stats.median_ms if cand_stats.median_ms > 0 else None
-        )
-        gate = self.config.max_speedup_cv
-        if gate is not None and cv > gate:
-            self.reasons.append(
-                R.reason(
-                    R.TIMING_NOISY,
-                    f"the speedup varied by {cv:.1%} across time buckets in {len(runs)} measurements "
-                    f"(gate {gate:.0%}); no speedup is reported",
-                )
-            )
-            speedup = None
+        estimate = timed.estimate
+        speedup, noisy = decide(timed, config.max_speedup_cv)
+        if noisy is not None:
+            self.reasons.append(R.reason(R.TIMING_NOISY, noisy))
         return {
-            "reference_ms": run.samples["reference"],
-            "candidate_ms": run.samples["candidate"],
+            "reference_ms": timed.reference,
+            "candidate_ms": timed.candidate,
             "speedup": speedup,
-            "speedup_cv": cv,
+            "speedup_ci": [estimate.low, estimate.high] if speedup is not None else None,
+            "speedup_cv": estimate.bucket_cv,
+            "timing_batches": timed.batches,
         }
 
 
@@ -756,16 +855,24 @@ def _reference_session(job: Job) -> Session:
 
 
 def evaluate(job: Job) -> dict[str, Any]:
-    session = _reference_session(job)
+    session = Session(job)
+    session.setup_torch()
+    with session.stage("reference"):
+        session.load_reference()
     session.snapshot()
     timing: dict[str, Any] = {}
     try:
-        session.import_candidate()
-        session.correctness()
-        session.inspect_candidate()
+        with session.stage("candidate_load"):
+            session.import_candidate()
+        with session.stage("correctness"):
+            session.correctness()
+            session.inspect_candidate()
         session.native_threads()
         if job.config.timing:
-            timing = session.time_pair()
+            with session.stage("lane_wait"):
+                wait_for_lane()
+            with session.stage("timing"):
+                timing = session.time_pair()
         verdict = _verdict(session)
     except Stop as stop:
         session.reasons.extend(stop.reasons)
@@ -780,6 +887,8 @@ def evaluate(job: Job) -> dict[str, Any]:
         "verdict": verdict,
         "reasons": session.reasons,
         "max_abs_error": session.max_abs_error,
+        "settings": {name: repr(value) for name, value in session.settings.items()},
+        "stages": session.stages,
         **timing,
     }
 

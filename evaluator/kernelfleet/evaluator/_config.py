@@ -1,11 +1,14 @@
 """What an evaluation measures and how strictly: `EvalConfig` and the tolerance profiles.
 
 The config is a frozen value that travels to every child process, so a result can always be
-traced to the exact settings that produced it. Two profiles exist: `strict` (the default:
-fp32 tolerance 1e-4, modules in eval mode, TF32 off, no autograd recording) and
+traced to the exact settings that produced it. Three profiles exist: `strict` (the default:
+fp32 tolerance 1e-4, modules in eval mode, TF32 off, no autograd recording), `strict-tf32`
+(the same, but a candidate may turn TF32 on for both sides, and fp32 compares at 1e-3) and
 `kernelbench-v0`, which reproduces how the 2025 KernelBench numbers were judged (tolerance
-1e-2, train-mode modules, grad mode on, torch's default flags). Timing is the same honest
-protocol in both: a profile loosens what counts as correct, never how the clock is read.
+1e-2, train-mode modules, grad mode on, torch's default flags). In every profile a candidate
+may set `cudnn.benchmark`: it is a setting any user adopts, so it is applied to both sides.
+Timing is the same honest protocol in all: a profile loosens what counts as correct, never
+how the clock is read.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from kernelfleet.evaluator._version import EVALUATOR_VERSION
 
-ProfileName = Literal["strict", "kernelbench-v0"]
+ProfileName = Literal["strict", "strict-tf32", "kernelbench-v0"]
 BASELINE_MODES = ("eager", "compile", "compile-reduce-overhead", "cudagraph")
 
 
@@ -33,9 +36,17 @@ class Profile:
     eval_mode: bool  # call .eval() on both modules (dropout off) before comparing
     no_grad: bool  # run both under torch.no_grad()
     strict_fp32: bool  # force TF32 off and highest fp32 matmul precision for both
+    # Global settings a candidate may adopt: applied to the reference as well (they are
+    # process-wide), named in the result, never a rejection. Any other flag change rejects.
+    allowed_settings: frozenset[str] = frozenset({"cudnn.benchmark"})
 
     def tolerance(self, dtype_name: str) -> tuple[float, float] | None:
         return self.tolerances.get(dtype_name)
+
+    def allows(self, flag: str, value: object) -> bool:
+        """Whether a candidate may set `flag` to `value` (then both sides run with it). A
+        precision below TF32 (bf16 matmuls: `medium`, `bf16`) is never a setting."""
+        return flag in self.allowed_settings and str(value).lower() not in ("medium", "bf16")
 
 
 PROFILES: dict[str, Profile] = {
@@ -52,6 +63,34 @@ PROFILES: dict[str, Profile] = {
         eval_mode=True,
         no_grad=True,
         strict_fp32=True,
+    ),
+    # strict, for users who train with TF32: a candidate may turn TF32 on (it then runs on both
+    # sides), and fp32 compares at 1e-3, what TF32's 10-bit mantissa leaves of a matmul.
+    "strict-tf32": Profile(
+        name="strict-tf32",
+        tolerances={
+            "float64": (1e-7, 1e-7),
+            "float32": (1e-3, 1e-3),
+            "float16": (1e-2, 1e-2),
+            "bfloat16": (1e-2, 1e-2),
+            "complex64": (1e-3, 1e-3),
+            "complex128": (1e-7, 1e-7),
+        },
+        eval_mode=True,
+        no_grad=True,
+        strict_fp32=True,
+        allowed_settings=frozenset(
+            {
+                "cudnn.benchmark",
+                "cuda.matmul.allow_tf32",
+                "cudnn.allow_tf32",
+                "float32_matmul_precision",
+                "cuda.matmul.fp32_precision",
+                "cudnn.conv.fp32_precision",
+                "cudnn.rnn.fp32_precision",
+                "fp32_precision",
+            }
+        ),
     ),
     "kernelbench-v0": Profile(
         name="kernelbench-v0",
@@ -99,9 +138,29 @@ class EvalConfig(BaseModel):
     require_kernel: bool = Field(default=False, description="Demand a custom CUDA/C++ or Triton kernel.")
     float64_reference: bool = Field(default=False, description="Compare fp32 outputs to an fp64 run.")
     max_speedup_cv: float | None = Field(
-        default=0.1, description="Variance gate on the speedup across 7 time buckets; None disables."
+        default=0.1,
+        description="A speedup whose 7 time buckets vary by more is unsettled (more samples are taken); "
+        "None: never refuse a speedup for noise.",
     )
-    timing_retries: int = Field(default=1, ge=0, description="Re-measurements before refusing.")
+    timing_retries: int = Field(
+        default=7,
+        ge=0,
+        description="Extra batches of timing_trials rounds taken while the speedup is unsettled.",
+    )
+    timing_precision: float = Field(
+        default=0.02,
+        gt=0,
+        description="A speedup is settled when its 95% interval is within this fraction of it.",
+    )
+    timing_budget_s: float = Field(
+        default=30.0, gt=0, description="No new timing batch starts after this many seconds of timing."
+    )
+    lane_slots: int | None = Field(
+        default=None,
+        ge=1,
+        description="Candidate processes per device at once (loading and correctness overlap; timing "
+        "is exclusive); None: 4 on a GPU, 1 on the CPU.",
+    )
     seed: int | None = Field(default=None, description="None: a fresh random seed per evaluation.")
     flush_bytes: int | None = Field(
         default=None, description="Cache flush before each timed call; None: 256 MiB CUDA, 8 MiB CPU."

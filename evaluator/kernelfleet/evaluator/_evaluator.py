@@ -1,33 +1,43 @@
 """The `Evaluator`: the judge that every other part of kernelfleet trusts.
 
-It owns the child processes. A batch is a pipeline: candidates that build C++/CUDA extensions
-compile in a pool of CPU processes (a build cache keyed by source hash makes a rebuild free)
-while one lane per device evaluates, one fresh child per candidate, so a GPU never waits for
-nvcc and never runs two timings at once. Results are keyed by (task hash, candidate hash, GPU
-class, evaluator version) and written to the cache as they finish, so a killed batch resumes
-where it stopped. A speedup at or above `speedup_recheck` is timed again in a fresh process,
-and the lower of the two is the one that counts.
+It owns the child processes. Evaluation is a pipeline over a queue: candidates that build
+C++/CUDA extensions compile in a pool of CPU processes (a build cache keyed by source and
+toolchain makes a rebuild free; the limit counts the build's own CPU time), while each device
+runs several candidate processes at once, one fresh child per candidate: loading, CUDA start-up
+and correctness overlap, and the device's timing lane goes to one of them at a time, so a GPU
+never waits for nvcc, never runs two timings at once, and always has the next candidate ready.
+Every result carries the seconds of each stage; `Evaluator.metrics` sums them. Results are
+keyed by (task hash, candidate hash, GPU class, evaluator version) and written to the cache as
+they finish, so a killed batch resumes where it stopped. A speedup at or above
+`speedup_recheck` is timed again in a fresh process, and the lower of the two is the one that
+counts.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
+import hashlib
 import os
 import queue
 import secrets
+import shutil
 import statistics
+import subprocess
+import sys
 import threading
 import time
-from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import Any
 
 from tqdm import tqdm
 
 from kernelfleet.core import reasons as R
-from kernelfleet.core.errors import UsageError
+from kernelfleet.core.errors import EvaluationCancelled, UsageError
 from kernelfleet.core.hashing import source_hash
 from kernelfleet.core.models import Environment, EvaluationResult, ResultKey, Task, Timing, Variant, Verdict
 from kernelfleet.evaluator._cache import ResultCache
@@ -64,23 +74,160 @@ class TaskError(UsageError):
     """The task's reference does not load or run: fix the task, not the candidate."""
 
 
-class _Lane:
-    """One device: its visible id for children and its environment."""
+class BatchCancelled(EvaluationCancelled):
+    """`evaluate_batch` stopped early; `results` has, in input order, what did finish."""
 
-    def __init__(self, visible: str | None, environment: Environment, arch: str | None) -> None:
+    def __init__(self, results: list[EvaluationResult | None]) -> None:
+        done = sum(1 for result in results if result is not None)
+        super().__init__(
+            f"the batch was stopped with {done} of {len(results)} evaluations finished", list(results)
+        )
+
+
+class _Lane:
+    """One device: its visible id for children, its environment, and its timing lane (a lock:
+    one timing at a time per device, while other candidates load and check correctness)."""
+
+    def __init__(self, index: int, visible: str | None, environment: Environment, arch: str | None) -> None:
+        self.index = index
         self.visible = visible
         self.environment = environment
         self.arch = arch
+        self.timing = threading.Lock()
+
+
+@dataclasses.dataclass(eq=False)
+class _Item:
+    task: Task
+    code: str
+    config: EvalConfig
+    future: concurrent.futures.Future[EvaluationResult]
+    cancel: threading.Event = dataclasses.field(default_factory=threading.Event)
+    state: str = "pending"  # pending, building, running
+    stages: dict[str, float] = dataclasses.field(default_factory=dict)
+
+
+class Metrics:
+    """What the evaluator did since it started: verdicts, seconds per stage, how busy each
+    device's timing lane was. `snapshot()` is what `/metrics` and the benchmarks report."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.started = time.monotonic()
+        self.verdicts: Counter[str] = Counter()
+        self.stage_seconds: defaultdict[str, float] = defaultdict(float)
+        self.stage_counts: Counter[str] = Counter()
+        self.timing_busy: defaultdict[int, float] = defaultdict(float)  # lane -> seconds the lane was held
+        self.active_busy: defaultdict[int, float] = defaultdict(float)  # lane -> seconds with a child on it
+        self._active: Counter[int] = Counter()
+        self._active_since: dict[int, float] = {}
+        self._holding: dict[int, float] = {}
+        self.waiting = 0  # submitted, not yet in a process
+        self.building = 0
+        self.running = 0
+        self.cancelled = 0
+
+    def add(self, **changes: int) -> None:
+        with self._lock:
+            for name, delta in changes.items():
+                setattr(self, name, getattr(self, name) + delta)
+
+    def finished(self, result: EvaluationResult) -> None:
+        with self._lock:
+            self.verdicts[str(result.verdict)] += 1
+            for stage, seconds in result.stages.items():
+                self.stage_seconds[stage] += seconds
+                self.stage_counts[stage] += 1
+
+    def lane_active(self, lane: int, delta: int) -> None:
+        with self._lock:
+            now = time.monotonic()
+            if self._active[lane] == 0 and delta > 0:
+                self._active_since[lane] = now
+            self._active[lane] += delta
+            if self._active[lane] == 0:
+                self.active_busy[lane] += now - self._active_since.pop(lane, now)
+
+    def lane_held(self, lane: int, held: bool) -> None:
+        with self._lock:
+            now = time.monotonic()
+            if held:
+                self._holding[lane] = now
+            else:
+                self.timing_busy[lane] += now - self._holding.pop(lane, now)
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            now = time.monotonic()
+            elapsed = max(now - self.started, 1e-9)
+            lanes = sorted(
+                set(self.timing_busy) | set(self._holding) | set(self.active_busy) | set(self._active)
+            )
+            timing = {
+                lane: self.timing_busy[lane] + (now - self._holding[lane] if lane in self._holding else 0.0)
+                for lane in lanes
+            }
+            active = {
+                lane: self.active_busy[lane]
+                + (now - self._active_since[lane] if lane in self._active_since else 0.0)
+                for lane in lanes
+            }
+            return {
+                "uptime_s": round(elapsed, 3),
+                "waiting": self.waiting,
+                "building": self.building,
+                "running": self.running,
+                "cancelled": self.cancelled,
+                "verdicts": dict(self.verdicts),
+                "evaluations": sum(self.verdicts.values()),
+                "stage_seconds": {k: round(v, 3) for k, v in sorted(self.stage_seconds.items())},
+                "stage_counts": dict(sorted(self.stage_counts.items())),
+                "timing_lane_busy_s": {str(k): round(v, 3) for k, v in timing.items()},
+                "timing_lane_busy_share": {str(k): round(v / elapsed, 4) for k, v in timing.items()},
+                "lane_active_share": {str(k): round(v / elapsed, 4) for k, v in active.items()},
+            }
+
+
+@functools.cache
+def toolchain_tag() -> str:
+    """A short hash of what a C++/CUDA build depends on besides its source: torch, Python, nvcc
+    and the host compiler. Part of the build cache's key, so a changed toolchain never loads an
+    extension built by another."""
+    parts = [_torch_version(), sys.version.split()[0]]
+    cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
+    nvcc = shutil.which("nvcc") or str(Path(cuda_home) / "bin" / "nvcc")
+    for command in ([nvcc, "--version"], [os.environ.get("CXX", "c++"), "--version"]):
+        try:
+            out = subprocess.run(command, capture_output=True, text=True, timeout=30, check=False)
+            lines = [line for line in out.stdout.splitlines() if line.strip()]
+            parts.append(lines[-1] if command[0] == nvcc and lines else (lines[0] if lines else ""))
+        except (OSError, subprocess.SubprocessError):
+            parts.append("")
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
 
 
 class Evaluator:
-    """Evaluates candidates against tasks; use it as a context manager (it owns processes)."""
+    """Evaluates candidates against tasks; use it as a context manager (it owns processes).
+
+    Evaluation is a pipeline: `submit` returns a future at once. Candidates with C++/CUDA
+    extensions build in a pool of CPU processes; then each device runs `lane_slots` candidate
+    processes at once (loading, CUDA start-up and correctness overlap) and lends its timing lane
+    to one of them at a time, so the next candidate is always loaded and checked when the
+    device becomes free. Every candidate still runs in a process of its own.
+    """
 
     def __init__(self, config: EvalConfig | None = None) -> None:
         self.config = config or EvalConfig()
         self._runner = ChildRunner()
         self._lanes: list[_Lane] | None = None
         self._lanes_lock = threading.Lock()
+        self._ready: queue.Queue[_Item | None] = queue.Queue()
+        self._threads: list[threading.Thread] = []
+        self._builds: concurrent.futures.ThreadPoolExecutor | None = None
+        self._pipeline_lock = threading.Lock()
+        self._items: set[_Item] = set()
+        self._closed = False
+        self.metrics = Metrics()
 
     # -- lifecycle
 
@@ -91,8 +238,20 @@ class Evaluator:
         self.close()
 
     def close(self) -> None:
-        """Kill any child still running. The evaluator cannot be used afterwards."""
+        """Cancel what is queued, kill any child still running. The evaluator cannot be used
+        afterwards."""
+        with self._pipeline_lock:
+            self._closed = True
+            items = list(self._items)
+        for item in items:
+            item.cancel.set()
         self._runner.close()
+        for _ in self._threads:
+            self._ready.put(None)
+        if self._builds is not None:
+            self._builds.shutdown(wait=False, cancel_futures=True)
+        for item in items:
+            self._cancelled(item)
 
     # -- environment
 
@@ -109,7 +268,7 @@ class Evaluator:
                     evaluator_version=self.config.result_version,
                     host=host_name(),
                 )
-                self._lanes = [_Lane(None, env, None)]
+                self._lanes = [_Lane(0, None, env, None)]
                 return self._lanes
             outcome = self._runner.run(Job(mode="probe", config=self.config), timeout=120)
             answer = outcome.answer
@@ -139,7 +298,7 @@ class Evaluator:
                     )
                 indices = [index]
             lanes = []
-            for index in indices:
+            for position, index in enumerate(indices):
                 info = devices[index]
                 env = Environment(
                     device=info["name"],
@@ -150,7 +309,7 @@ class Evaluator:
                     evaluator_version=self.config.result_version,
                     host=host_name(),
                 )
-                lanes.append(_Lane(physical[index], env, info.get("capability")))
+                lanes.append(_Lane(position, physical[index], env, info.get("capability")))
             self._lanes = lanes
             return lanes
 
@@ -159,16 +318,22 @@ class Evaluator:
         """The environment of the first device (all devices of a batch, when they are alike)."""
         return self._probe_lanes()[0].environment
 
-    def key_for(self, task: Task, code: str | Variant) -> ResultKey:
+    def key_for(self, task: Task, code: str | Variant, config: EvalConfig | None = None) -> ResultKey:
         """The cache key the result of `code` on `task` will have on this evaluator."""
         text = code.code if isinstance(code, Variant) else code
-        env = self.environment
         return ResultKey(
             task_hash=task.hash,
             variant_hash=source_hash(text),
-            gpu_class=env.gpu_class,
-            evaluator_version=env.evaluator_version,
+            gpu_class=self.environment.gpu_class,
+            evaluator_version=(config or self.config).result_version,
         )
+
+    def with_options(self, **options: Any) -> EvalConfig:
+        """This evaluator's config with some fields changed (per-evaluation options of the
+        service); the device stays the evaluator's."""
+        if "device" in options and options["device"] != self.config.device:
+            raise UsageError(f"the device is the evaluator's ({self.config.device}); leave it out")
+        return self.config.model_copy(update=options) if options else self.config
 
     # -- one evaluation
 
@@ -179,8 +344,7 @@ class Evaluator:
 
     def _result(
         self,
-        task: Task,
-        code: str,
+        item: _Item,
         lane: _Lane,
         verdict: str,
         reasons: Iterable[str],
@@ -190,73 +354,84 @@ class Evaluator:
         reference: Timing | None = None,
         candidate: Timing | None = None,
         speedup: float | None = None,
+        speedup_ci: tuple[float, float] | None = None,
         max_abs_error: float | None = None,
+        settings: dict[str, str] | None = None,
     ) -> EvaluationResult:
+        config = item.config
         reasons = list(reasons)
         flagged = False
-        if speedup is not None and speedup > self.config.review_ceiling:
+        if speedup is not None and speedup > config.review_ceiling:
             flagged = True
             reasons.append(
-                R.reason(
-                    R.REVIEW, f"speedup {speedup:.2f}x is above the {self.config.review_ceiling:g}x ceiling"
-                )
+                R.reason(R.REVIEW, f"speedup {speedup:.2f}x is above the {config.review_ceiling:g}x ceiling")
             )
         if any(
             R.reason_code(t) in (R.NOT_REPRODUCIBLE, R.TRACE_UNAVAILABLE, R.DEGENERATE_TASK) for t in reasons
         ):
             flagged = True
+        environment = lane.environment
+        if environment.evaluator_version != config.result_version:
+            environment = environment.model_copy(update={"evaluator_version": config.result_version})
         return EvaluationResult(
-            task_hash=task.hash,
-            variant_hash=source_hash(code),
+            task_hash=item.task.hash,
+            variant_hash=source_hash(item.code),
             verdict=Verdict(verdict),
             reasons=tuple(reasons),
             reference=reference,
             candidate=candidate,
             speedup=speedup,
+            speedup_ci=speedup_ci if speedup is not None else None,
+            settings=settings or {},
             flagged_for_review=flagged,
             max_abs_error=max_abs_error,
-            environment=lane.environment,
-            profile=self.config.profile,
+            environment=environment,
+            profile=config.profile,
             seconds=round(seconds, 3),
             log=log[-_LOG_LIMIT:] if verdict != "correct" else "",
+            stages={name: round(value, 4) for name, value in item.stages.items()},
         )
 
-    def _seed(self) -> int:
-        return self.config.seed if self.config.seed is not None else secrets.randbits(31)
+    def _seed(self, config: EvalConfig) -> int:
+        return config.seed if config.seed is not None else secrets.randbits(31)
 
-    def _job(self, mode: str, task: Task, code: str, lane: _Lane, seed: int) -> Job:
+    def _job(self, mode: str, task: Task, code: str, lane: _Lane, seed: int, config: EvalConfig) -> Job:
         env: dict[str, str] = {}
         if lane.arch and "TORCH_CUDA_ARCH_LIST" not in os.environ:
             env["TORCH_CUDA_ARCH_LIST"] = lane.arch
         return Job(
             mode=mode,
-            config=self.config,
+            config=config,
             reference=task.code,
             candidate=code,
             visible_devices=lane.visible,
-            build_dir=str(self._build_dir(code)) if needs_native_build(code) else None,
+            build_dir=str(self._build_dir(code, lane)) if needs_native_build(code) else None,
             env=env,
             seed=seed,
         )
 
-    def _build_dir(self, code: str) -> Path:
+    def _build_dir(self, code: str, lane: _Lane) -> Path:
+        """The build cache: keyed by torch, the toolchain, the GPU architecture and the source."""
         torch_tag = _torch_version().replace("+", "_") or "unknown"
-        return self.config.build_root / "builds" / f"torch-{torch_tag}" / source_hash(code)[:24]
+        arch = os.environ.get("TORCH_CUDA_ARCH_LIST") or lane.arch or "cpu"
+        toolchain = f"{toolchain_tag()}-sm{arch.replace('.', '').replace(' ', '_').replace(';', '_')}"
+        return self.config.build_root / "builds" / f"torch-{torch_tag}" / toolchain / source_hash(code)[:24]
 
-    def _failure(
-        self, outcome: ChildOutcome, task: Task, code: str, lane: _Lane, what: str
-    ) -> EvaluationResult:
+    def _failure(self, outcome: ChildOutcome, item: _Item, lane: _Lane, what: str) -> EvaluationResult:
+        if outcome.cancelled:
+            raise EvaluationCancelled(f"{what} the candidate was cancelled")
         if outcome.timed_out:
-            limit = self.config.compile_timeout_s if what == "building" else self.config.run_timeout_s
+            if what == "building":
+                limit = f"{item.config.compile_timeout_s:g} s of CPU time"
+            else:
+                limit = f"{item.config.run_timeout_s:g} s"
             return self._result(
-                task,
-                code,
+                item,
                 lane,
                 "timeout",
                 [
                     R.reason(
-                        R.TIMEOUT,
-                        f"{what} the candidate took longer than {limit:g} s; the process was killed",
+                        R.TIMEOUT, f"{what} the candidate took longer than {limit}; the process was killed"
                     )
                 ],
                 seconds=outcome.seconds,
@@ -266,8 +441,7 @@ class Evaluator:
         if answer is not None and answer.get("status") == "internal-error":
             raise RuntimeError(f"the evaluator failed while {what} a candidate:\n{answer.get('error')}")
         return self._result(
-            task,
-            code,
+            item,
             lane,
             "runtime_error",
             [R.reason(R.CRASHED, f"the process {outcome.exit_description} while {what} the candidate")],
@@ -275,19 +449,51 @@ class Evaluator:
             log=outcome.log,
         )
 
-    def _run_evaluation(self, task: Task, code: str, lane: _Lane) -> EvaluationResult:
+    def _child(self, item: _Item, lane: _Lane) -> ChildOutcome:
+        """One evaluation process on `lane`; it holds the lane's timing lock while it times."""
+        held = False
+
+        def take_lane() -> None:
+            nonlocal held
+            while not lane.timing.acquire(timeout=0.25):
+                if item.cancel.is_set():
+                    raise EvaluationCancelled("cancelled while waiting for the timing lane")
+            held = True
+            self.metrics.lane_held(lane.index, True)
+
+        launched = time.time()
+        self.metrics.lane_active(lane.index, 1)
+        try:
+            outcome = self._runner.run(
+                self._job("evaluate", item.task, item.code, lane, self._seed(item.config), item.config),
+                item.config.run_timeout_s,
+                on_ready=take_lane,
+                cancel=item.cancel,
+            )
+        finally:
+            if held:
+                self.metrics.lane_held(lane.index, False)
+                lane.timing.release()
+            self.metrics.lane_active(lane.index, -1)
+        answer = outcome.answer
+        if answer is not None and "entered_at" in answer:
+            start = max(0.0, float(answer["entered_at"]) - launched)
+            item.stages["process_start"] = item.stages.get("process_start", 0.0) + start
+        return outcome
+
+    def _run_evaluation(self, item: _Item, lane: _Lane) -> EvaluationResult:
         started = time.monotonic()
-        outcome = self._runner.run(
-            self._job("evaluate", task, code, lane, self._seed()), self.config.run_timeout_s
-        )
+        config = item.config
+        outcome = self._child(item, lane)
         answer = outcome.answer
         if answer is None or answer.get("status") not in ("ok", "reference-error"):
-            return self._failure(outcome, task, code, lane, "evaluating")
+            return self._failure(outcome, item, lane, "evaluating")
+        for stage, seconds in answer.get("stages", {}).items():
+            item.stages[stage] = item.stages.get(stage, 0.0) + float(seconds)
         if answer["status"] == "reference-error":
             detail = f"the task's own reference fails: {answer['error']}; fix the task, not the candidate"
             return self._result(
-                task,
-                code,
+                item,
                 lane,
                 "runtime_error",
                 [R.reason(R.REFERENCE_ERROR, detail)],
@@ -298,28 +504,35 @@ class Evaluator:
         verdict = answer["verdict"]
         reference = candidate = None
         speedup = answer.get("speedup")
+        interval = answer.get("speedup_ci")
         if answer.get("reference_ms"):
             reference = timing_from(answer["reference_ms"])
             candidate = timing_from(answer["candidate_ms"])
-        if verdict == "correct" and speedup is not None and self._needs_recheck(speedup):
-            recheck = self._runner.run(
-                self._job("evaluate", task, code, lane, self._seed()), self.config.run_timeout_s
-            )
+        if verdict == "correct" and speedup is not None and self._needs_recheck(speedup, config):
+            begin = time.monotonic()
+            recheck = self._child(item, lane)
+            item.stages["recheck"] = time.monotonic() - begin
             second = recheck.answer
             if second is None or second.get("status") != "ok":
-                failed = self._failure(recheck, task, code, lane, "re-timing")
+                failed = self._failure(recheck, item, lane, "re-timing")
                 return failed.model_copy(update={"seconds": round(time.monotonic() - started, 3)})
-            if second["verdict"] != "correct" or second.get("speedup") is None:
+            if second["verdict"] != "correct":
                 reasons += [f"{t} (re-check)" for t in second["reasons"]]
-                if second["verdict"] != "correct":
-                    verdict = second["verdict"]
-                else:
-                    reasons.append(R.reason(R.NOT_REPRODUCIBLE, "the re-check could not time the candidate"))
+                verdict = second["verdict"]
                 speedup = None
+            elif second.get("speedup") is None:
+                # The re-check could not settle its own timing: the first measurement, with its
+                # interval, stands; the review flag asks a person to look.
+                reasons += [f"{t} (re-check)" for t in second["reasons"]]
+                reasons.append(
+                    R.reason(
+                        R.NOT_REPRODUCIBLE, "the re-check could not time the candidate; the first stands"
+                    )
+                )
             else:
                 again = float(second["speedup"])
                 spread = abs(speedup - again) / max(speedup, again)
-                code_name = R.NOT_REPRODUCIBLE if spread > self.config.recheck_tolerance else R.RECHECKED
+                code_name = R.NOT_REPRODUCIBLE if spread > config.recheck_tolerance else R.RECHECKED
                 reasons.append(
                     R.reason(
                         code_name,
@@ -328,11 +541,11 @@ class Evaluator:
                 )
                 if again < speedup:
                     speedup = again
+                    interval = second.get("speedup_ci")
                     reference = timing_from(second["reference_ms"])
                     candidate = timing_from(second["candidate_ms"])
         return self._result(
-            task,
-            code,
+            item,
             lane,
             verdict,
             reasons,
@@ -341,33 +554,175 @@ class Evaluator:
             reference=reference,
             candidate=candidate,
             speedup=speedup,
+            speedup_ci=(float(interval[0]), float(interval[1])) if interval else None,
             max_abs_error=answer.get("max_abs_error"),
+            settings=answer.get("settings") or {},
         )
 
-    def _needs_recheck(self, speedup: float) -> bool:
-        threshold = self.config.speedup_recheck
+    @staticmethod
+    def _needs_recheck(speedup: float, config: EvalConfig) -> bool:
+        threshold = config.speedup_recheck
         return threshold is not None and speedup >= threshold
 
-    def _build(self, task: Task, code: str, lane: _Lane) -> EvaluationResult | None:
-        """Compile a C++/CUDA candidate on the CPU side; a result only when it fails."""
-        job = self._job("build", task, code, lane, 0)
+    def _build(self, item: _Item, lane: _Lane) -> EvaluationResult | None:
+        """Compile a C++/CUDA candidate on the CPU side; a result only when it fails. The limit
+        is CPU time (the build's own, compilers included), with a wall-time ceiling of three
+        times that for a build that waits on something other than the CPU."""
+        config = item.config
+        job = self._job("build", item.task, item.code, lane, 0, config)
         cores = os.cpu_count() or 2
         jobs = max(1, cores // max(1, self._compile_workers()))
         job = dataclasses.replace(job, env={**job.env, "MAX_JOBS": os.environ.get("MAX_JOBS", str(jobs))})
-        outcome = self._runner.run(job, self.config.compile_timeout_s)
+        outcome = self._runner.run(
+            job, 3 * config.compile_timeout_s, cpu_limit_s=config.compile_timeout_s, cancel=item.cancel
+        )
+        item.stages["build"] = outcome.seconds
         answer = outcome.answer
         if answer is None or answer.get("status") != "ok":
-            return self._failure(outcome, task, code, lane, "building")
+            return self._failure(outcome, item, lane, "building")
         if answer["verdict"] == "built":
             return None
         return self._result(
-            task, code, lane, answer["verdict"], answer["reasons"], seconds=outcome.seconds, log=outcome.log
+            item, lane, answer["verdict"], answer["reasons"], seconds=outcome.seconds, log=outcome.log
         )
 
     def _compile_workers(self) -> int:
         if self.config.compile_workers is not None:
             return max(1, self.config.compile_workers)
         return max(1, (os.cpu_count() or 2) - 1)
+
+    def _lane_slots(self) -> int:
+        if self.config.lane_slots is not None:
+            return self.config.lane_slots
+        return 1 if self.config.device == "cpu" else 4
+
+    # -- the pipeline
+
+    def _start(self) -> list[_Lane]:
+        lanes = self._probe_lanes()
+        with self._pipeline_lock:
+            if self._closed:
+                raise RuntimeError("the evaluator is closed; create a new Evaluator")
+            if not self._threads:
+                for lane in lanes:
+                    for slot in range(self._lane_slots()):
+                        thread = threading.Thread(
+                            target=self._lane_worker,
+                            args=(lane,),
+                            name=f"lane{lane.index}-{slot}",
+                            daemon=True,
+                        )
+                        thread.start()
+                        self._threads.append(thread)
+                self._builds = concurrent.futures.ThreadPoolExecutor(
+                    self._compile_workers(), thread_name_prefix="build"
+                )
+        return lanes
+
+    def submit(
+        self, task: Task, code: str | Variant, config: EvalConfig | None = None
+    ) -> concurrent.futures.Future[EvaluationResult]:
+        """Queue one evaluation; the future gives its result, or raises `EvaluationCancelled`
+        (cancelled or the evaluator closed) or the evaluator's own failure."""
+        lanes = self._start()
+        text = code.code if isinstance(code, Variant) else code
+        item = _Item(task, text, config or self.config, concurrent.futures.Future())
+        item.future.set_running_or_notify_cancel()
+        try:
+            compile(text, "<candidate>", "exec")
+        except (SyntaxError, ValueError) as error:
+            detail = f"{error.msg} (line {error.lineno})" if isinstance(error, SyntaxError) else str(error)
+            result = self._result(
+                item, lanes[0], "compile_error", [R.reason(R.SYNTAX_ERROR, detail)], seconds=0.0
+            )
+            self.metrics.finished(result)
+            item.future.set_result(result)
+            return item.future
+        with self._pipeline_lock:
+            if self._closed:
+                raise RuntimeError("the evaluator is closed; create a new Evaluator")
+            self._items.add(item)
+        if needs_native_build(text):
+            assert self._builds is not None
+            self.metrics.add(building=1)
+            item.state = "building"
+            self._builds.submit(self._build_worker, item, lanes[0])
+        else:
+            self.metrics.add(waiting=1)
+            self._ready.put(item)
+        return item.future
+
+    def cancel(self, future: concurrent.futures.Future[EvaluationResult]) -> None:
+        """Stop one submitted evaluation: dropped if queued, its process killed if running."""
+        with self._pipeline_lock:
+            items = [item for item in self._items if item.future is future]
+        for item in items:
+            item.cancel.set()
+
+    def state(self, future: concurrent.futures.Future[EvaluationResult]) -> str:
+        """Where a submitted evaluation is: pending (queued), building, running or done."""
+        if future.done():
+            return "done"
+        with self._pipeline_lock:
+            for item in self._items:
+                if item.future is future:
+                    return item.state
+        return "pending"
+
+    def _done(
+        self, item: _Item, result: EvaluationResult | None = None, error: BaseException | None = None
+    ) -> None:
+        with self._pipeline_lock:
+            self._items.discard(item)
+        if item.future.done():
+            return
+        if result is not None:
+            self.metrics.finished(result)
+            item.future.set_result(result)
+        else:
+            if isinstance(error, EvaluationCancelled):
+                self.metrics.add(cancelled=1)
+            item.future.set_exception(error or EvaluationCancelled("cancelled"))
+
+    def _cancelled(self, item: _Item) -> None:
+        self._done(item, error=EvaluationCancelled("the evaluation was cancelled before it finished"))
+
+    def _build_worker(self, item: _Item, lane: _Lane) -> None:
+        try:
+            if item.cancel.is_set():
+                raise EvaluationCancelled("cancelled before its build")
+            failed = self._build(item, lane)
+        except BaseException as error:
+            self.metrics.add(building=-1)
+            self._done(item, error=error)
+            return
+        self.metrics.add(building=-1)
+        if failed is not None:
+            self._done(item, failed)
+        else:
+            item.state = "pending"
+            self.metrics.add(waiting=1)
+            self._ready.put(item)
+
+    def _lane_worker(self, lane: _Lane) -> None:
+        while True:
+            item = self._ready.get()
+            if item is None:
+                return
+            self.metrics.add(waiting=-1)
+            if item.cancel.is_set() or self._closed:
+                self._cancelled(item)
+                continue
+            self.metrics.add(running=1)
+            item.state = "running"
+            try:
+                result = self._run_evaluation(item, lane)
+            except BaseException as error:  # cancelled, a task error or an evaluator bug
+                self._done(item, error=error)
+            else:
+                self._done(item, result)
+            finally:
+                self.metrics.add(running=-1)
 
     # -- batches
 
@@ -376,13 +731,18 @@ class Evaluator:
         items: Sequence[tuple[Task, str | Variant]],
         cache: ResultCache | None = None,
         progress: bool = True,
+        stop: Callable[[float], bool] | None = None,
     ) -> list[EvaluationResult]:
         """Judge many candidates over all devices of this evaluator; results in input order.
 
         Cached results are reused; every new result is put into `cache` as soon as it exists,
         except those whose task reference failed (`reference-error`): the task is at fault.
+        `stop(seconds)`, asked a few times a second with the seconds the evaluations now running
+        have spent so far, ends the batch when it answers True: nothing new starts, what runs
+        is killed, and `BatchCancelled` carries the results that did finish (the cancelled ones
+        are not cached, so they run again next time).
         """
-        lanes = self._probe_lanes()
+        self._start()
         pairs = [(task, code.code if isinstance(code, Variant) else code) for task, code in items]
         keys = [self.key_for(task, code) for task, code in pairs]
         unique: dict[ResultKey, tuple[Task, str]] = {}
@@ -394,7 +754,6 @@ class Evaluator:
                 hit = cache.get(key)
                 if hit is not None:
                     results[key] = hit
-        todo = [key for key in unique if key not in results]
         counts: Counter[str] = Counter(str(r.verdict) for r in results.values())
         bar = tqdm(
             total=len(unique),
@@ -404,86 +763,57 @@ class Evaluator:
             disable=not progress,
             leave=False,
         )
-        lock = threading.Lock()
-        errors: list[BaseException] = []
-
-        def record(key: ResultKey, result: EvaluationResult) -> None:
-            with lock:
-                results[key] = result
-                counts[str(result.verdict)] += 1
-                bar.update(1)
-                bar.set_postfix({k: v for k, v in sorted(counts.items())}, refresh=False)
-            if cache is not None and R.REFERENCE_ERROR not in R.codes(result.reasons):
-                cache.put(result)
-
-        ready: queue.Queue[ResultKey | None] = queue.Queue()
-        native: list[ResultKey] = []
-        for key in todo:
-            task, code = unique[key]
-            try:
-                compile(code, "<candidate>", "exec")
-            except (SyntaxError, ValueError) as error:
-                text = f"{error.msg} (line {error.lineno})" if isinstance(error, SyntaxError) else str(error)
-                record(
-                    key,
-                    self._result(
-                        task, code, lanes[0], "compile_error", [R.reason(R.SYNTAX_ERROR, text)], seconds=0.0
-                    ),
-                )
-                continue
-            if needs_native_build(code):
-                native.append(key)
-            else:
-                ready.put(key)
-
-        def lane_worker(lane: _Lane) -> None:
-            while True:
-                key = ready.get()
-                if key is None or errors:
-                    return
-                task, code = unique[key]
-                try:
-                    record(key, self._run_evaluation(task, code, lane))
-                except BaseException as error:  # a task error or an evaluator bug: stop the batch
-                    errors.append(error)
-                    return
-
-        def build_one(key: ResultKey) -> None:
-            task, code = unique[key]
-            if errors:
-                return
-            try:
-                failed = self._build(task, code, lanes[0])
-            except BaseException as error:
-                errors.append(error)
-                return
-            if failed is not None:
-                record(key, failed)
-            else:
-                ready.put(key)
-
-        threads = [threading.Thread(target=lane_worker, args=(lane,), daemon=True) for lane in lanes]
+        futures: dict[concurrent.futures.Future[EvaluationResult], ResultKey] = {}
+        started_at: dict[concurrent.futures.Future[EvaluationResult], float] = {}
+        error: BaseException | None = None
+        stopped = False
         try:
-            for thread in threads:
-                thread.start()
-            if native:
-                with concurrent.futures.ThreadPoolExecutor(max_workers=self._compile_workers()) as pool:
-                    list(pool.map(build_one, native))
-            for _ in threads:
-                ready.put(None)
-            for thread in threads:
-                while thread.is_alive():
-                    thread.join(0.2)
+            for key, (task, code) in unique.items():
+                if key not in results:
+                    future = self.submit(task, code)
+                    futures[future] = key
+            pending = set(futures)
+            while pending:
+                done, pending = concurrent.futures.wait(
+                    pending, timeout=0.2, return_when=concurrent.futures.FIRST_COMPLETED
+                )
+                for future in done:
+                    key = futures[future]
+                    try:
+                        result = future.result()
+                    except BaseException as failure:
+                        error = error or failure
+                        continue
+                    results[key] = result
+                    counts[str(result.verdict)] += 1
+                    bar.update(1)
+                    bar.set_postfix({k: v for k, v in sorted(counts.items())}, refresh=False)
+                    if cache is not None and R.REFERENCE_ERROR not in R.codes(result.reasons):
+                        cache.put(result)
+                if error is not None and not isinstance(error, EvaluationCancelled):
+                    break
+                if stop is not None and pending:
+                    now = time.monotonic()
+                    running = [f for f in pending if f.running()]
+                    for future in running:
+                        started_at.setdefault(future, now)
+                    if stop(sum(now - started_at[f] for f in running)):
+                        stopped = True
+                        break
         except BaseException:
             # Interrupted: kill every child now. The evaluator is closed afterwards (lanes still
             # finishing must not start new children); results so far are in the cache.
-            errors.append(KeyboardInterrupt())
-            self._runner.close()
+            self.close()
             raise
         finally:
             bar.close()
-        if errors:
-            raise errors[0]
+            for future in futures:
+                if not future.done():
+                    self.cancel(future)
+        if error is not None and not isinstance(error, EvaluationCancelled):
+            raise error
+        if stopped or error is not None:
+            raise BatchCancelled([results.get(key) for key in keys])
         return [results[key] for key in keys]
 
     # -- baselines
@@ -498,9 +828,14 @@ class Evaluator:
     def baselines_detail(self, task: Task) -> tuple[dict[str, Timing], dict[str, str]]:
         """`baselines` plus why each missing mode is missing."""
         lane = self._probe_lanes()[0]
-        job = self._job("baselines", task, "", lane, self._seed())
+        job = self._job("baselines", task, "", lane, self._seed(self.config), self.config)
         timeout = max(self.config.run_timeout_s, 120.0) * 2
-        outcome = self._runner.run(job, timeout)
+        with lane.timing:  # baselines time on the device too: never beside a candidate's timing
+            self.metrics.lane_held(lane.index, True)
+            try:
+                outcome = self._runner.run(job, timeout)
+            finally:
+                self.metrics.lane_held(lane.index, False)
         answer = outcome.answer
         if answer is None or answer.get("status") not in ("ok", "reference-error"):
             why = "timed out" if outcome.timed_out else outcome.exit_description

@@ -20,12 +20,13 @@ import tempfile
 import threading
 import time
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from kernelfleet.evaluator._child import Job, child_main
+from kernelfleet.evaluator._cputime import tree_cpu_seconds
 
 _PRELOAD = ["torch", "torch._dynamo", "kernelfleet.evaluator._child"]
 _CONTEXT: multiprocessing.context.ForkServerContext | None = None
@@ -66,6 +67,8 @@ class ChildOutcome:
     exit_description: str
     log: str
     seconds: float
+    cancelled: bool = False
+    lane_wait_s: float = 0.0  # time the child waited for the timing lane (not part of its timeout)
 
 
 def _signal_name(code: int | None) -> str:
@@ -98,30 +101,69 @@ class ChildRunner:
         self._lock = threading.Lock()
         self._closed = False
 
-    def run(self, job: Job, timeout: float) -> ChildOutcome:
+    def run(
+        self,
+        job: Job,
+        timeout: float,
+        *,
+        on_ready: Callable[[], None] | None = None,
+        cpu_limit_s: float | None = None,
+        cancel: threading.Event | None = None,
+    ) -> ChildOutcome:
+        """Run `job` in a fresh child. `timeout` is wall time, excluding time the child waits
+        for the timing lane; with `on_ready` the child asks for the lane before it times, and
+        `on_ready()` returns when it has it. `cpu_limit_s` also ends the child once it and its
+        descendants (compilers) used that much CPU time: CPUs shared with other jobs slow a
+        build down without making it exceed its limit. `cancel` set: the child is killed."""
         if self._closed:
             raise RuntimeError("the evaluator is closed; create a new Evaluator")
         context = _context()
         work = Path(tempfile.mkdtemp(prefix="kernelfleet-eval-"))
         job = replace(job, work_dir=str(work))
         receiver, sender = context.Pipe(duplex=False)
-        process = context.Process(target=child_main, args=(job, sender), daemon=False)
+        lane_receiver, lane_sender = context.Pipe(duplex=False) if on_ready is not None else (None, None)
+        process = context.Process(target=child_main, args=(job, sender, lane_receiver), daemon=False)
         started = time.monotonic()
         answer: dict[str, Any] | None = None
-        timed_out = False
+        timed_out = cancelled = False
+        waited = 0.0
         try:
             with _without_main():
                 process.start()
             sender.close()
+            if lane_receiver is not None:
+                lane_receiver.close()
             assert process.pid is not None
             with self._lock:
                 self._live[process.pid] = process
-            if receiver.poll(timeout):
+            deadline = started + timeout
+            while True:
+                now = time.monotonic()
+                if now >= deadline or (
+                    cpu_limit_s is not None and tree_cpu_seconds(process.pid) > cpu_limit_s
+                ):
+                    timed_out = True
+                    break
+                if cancel is not None and cancel.is_set():
+                    cancelled = True
+                    break
+                if not receiver.poll(min(0.25, deadline - now)):
+                    continue
+                message: dict[str, Any] | None = None
                 with contextlib.suppress(EOFError, OSError):
-                    answer = receiver.recv()
-            else:
-                timed_out = True
-            if timed_out:
+                    message = receiver.recv()
+                if message is not None and message.get("status") == "ready" and lane_sender is not None:
+                    begin = time.monotonic()
+                    assert on_ready is not None
+                    on_ready()
+                    waited += time.monotonic() - begin
+                    deadline += time.monotonic() - begin
+                    with contextlib.suppress(OSError):
+                        lane_sender.send("go")
+                    continue
+                answer = message
+                break
+            if timed_out or cancelled:
                 self._kill(process)
             process.join(30)
             if process.is_alive():
@@ -132,13 +174,17 @@ class ChildRunner:
             raise
         finally:
             receiver.close()
+            if lane_sender is not None:
+                lane_sender.close()
             if process.pid is not None:
                 with self._lock:
                     self._live.pop(process.pid, None)
             seconds = time.monotonic() - started
             log = _tail(work / "log.txt")
             shutil.rmtree(work, ignore_errors=True)
-        return ChildOutcome(answer, timed_out, _signal_name(process.exitcode), log, seconds)
+        return ChildOutcome(
+            answer, timed_out, _signal_name(process.exitcode), log, seconds, cancelled, waited
+        )
 
     @staticmethod
     def _kill(process: multiprocessing.process.BaseProcess) -> None:

@@ -203,3 +203,143 @@ def escaped_work_ms(run: TimingRun, candidate: str, reference: str) -> float:
         f - n for f, n in zip(run.samples[reference], run.naive[reference], strict=True)
     )
     return gap_c - gap_r
+
+
+# ---------------------------------------------------------------- the speedup and its interval
+
+
+@dataclass(frozen=True)
+class SpeedupEstimate:
+    """The ratio of medians with a 95% bootstrap interval, over `rounds` paired rounds."""
+
+    speedup: float
+    low: float
+    high: float
+    rounds: int
+    bucket_cv: float
+
+    @property
+    def half_width(self) -> float:
+        """Half the interval's width as a fraction of the speedup."""
+        return (self.high - self.low) / 2 / self.speedup if self.speedup > 0 else float("inf")
+
+    @property
+    def separated(self) -> bool:
+        """The interval lies wholly above or below 1: candidate and reference differ."""
+        return self.low > 1.0 or self.high < 1.0
+
+    def describe(self) -> str:
+        return f"{self.speedup:.3f}x (95% interval {self.low:.3f}-{self.high:.3f}, {self.rounds} rounds)"
+
+
+def speedup_interval(
+    reference: list[float],
+    candidate: list[float],
+    *,
+    confidence: float = 0.95,
+    resamples: int = 2000,
+    seed: int = 0,
+) -> SpeedupEstimate:
+    """Median over median, with a paired bootstrap interval.
+
+    Rounds are resampled as pairs (reference and candidate of the same round together): the two
+    were timed back to back on the same inputs, so a slow spell of the machine moves both and
+    the pairing keeps it out of the ratio's interval, where independent resampling would widen
+    it. Percentile interval; the number of resamples keeps its ends stable to ~0.1%.
+    """
+    import numpy as np
+
+    ref = np.asarray(reference, dtype=np.float64)
+    cand = np.asarray(candidate, dtype=np.float64)
+    n = min(len(ref), len(cand))
+    ref, cand = ref[:n], cand[:n]
+    point = float(np.median(ref) / np.median(cand)) if n and np.median(cand) > 0 else float("inf")
+    cv = coefficient_of_variation(bucket_speedups(list(ref), list(cand)))
+    if n < 3 or not np.isfinite(point):
+        return SpeedupEstimate(point, 0.0, float("inf"), n, cv)
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, n, size=(resamples, n))
+    ratios = np.median(ref[picks], axis=1) / np.maximum(np.median(cand[picks], axis=1), 1e-12)
+    tail = (1 - confidence) / 2 * 100
+    low, high = np.percentile(ratios, [tail, 100 - tail])
+    return SpeedupEstimate(point, float(min(low, point)), float(max(high, point)), n, cv)
+
+
+def settled(estimate: SpeedupEstimate, precision: float, max_cv: float | None) -> bool:
+    """Enough samples: the interval is narrow and (with a gate) the buckets agree."""
+    if estimate.half_width > precision:
+        return False
+    return max_cv is None or estimate.bucket_cv <= max_cv
+
+
+@dataclass
+class AdaptiveTiming:
+    """The outcome of `adaptive_timing`: all samples, the estimate, and how it ended."""
+
+    reference: list[float]
+    candidate: list[float]
+    estimate: SpeedupEstimate
+    batches: int
+    settled: bool
+
+
+def adaptive_timing(
+    measure: Callable[[int, bool], tuple[list[float], list[float]]],
+    *,
+    trials: int,
+    extra_batches: int,
+    precision: float,
+    max_cv: float | None,
+    budget_s: float,
+    clock: Callable[[], float] = perf_counter,
+    seed: int = 0,
+) -> AdaptiveTiming:
+    """Time in batches of `trials` paired rounds until the speedup is settled.
+
+    `measure(rounds, first)` times both sides for `rounds` interleaved rounds and returns their
+    samples (the first batch carries the warm-up). After each batch the speedup and its interval
+    are computed over everything so far; when the interval is within `precision` of the
+    speedup (and the time buckets agree), or `extra_batches` more batches have run, or the
+    timing has used `budget_s`, it stops. Far-apart medians settle in one batch; close ones get
+    more samples, so a real difference is not lost to a noisy first batch.
+    """
+    begin = clock()
+    reference: list[float] = []
+    candidate: list[float] = []
+    batches = 0
+    while True:
+        ref, cand = measure(trials, batches == 0)
+        reference += ref
+        candidate += cand
+        batches += 1
+        estimate = speedup_interval(reference, candidate, seed=seed + batches)
+        done = settled(estimate, precision, max_cv)
+        if done or batches > extra_batches or clock() - begin >= budget_s:
+            return AdaptiveTiming(reference, candidate, estimate, batches, done)
+
+
+def decide(timed: AdaptiveTiming, max_cv: float | None) -> tuple[float | None, str | None]:
+    """The speedup to report and, when the timing did not settle, the `timing-noisy` detail.
+
+    Settled: the speedup stands. Unsettled but the interval lies wholly on one side of 1: the
+    difference is real, so the speedup stands with its (wide) interval and a note. Unsettled and
+    the interval straddles 1: even the extra batches could not separate candidate and reference,
+    so no speedup is reported and the detail gives the figures. `max_cv` None never refuses.
+    """
+    estimate = timed.estimate
+    reference = statistics.median(timed.reference) if timed.reference else 0.0
+    candidate = statistics.median(timed.candidate) if timed.candidate else 0.0
+    if candidate <= 0:
+        return None, None
+    if timed.settled or max_cv is None:
+        return estimate.speedup, None
+    figures = (
+        f"reference {reference:.4g} ms, candidate {candidate:.4g} ms: {estimate.describe()}, "
+        f"time buckets varying by {estimate.bucket_cv:.1%}"
+    )
+    if estimate.separated:
+        return estimate.speedup, f"{figures}; reported with its interval"
+    return None, (
+        f"{figures}; {timed.batches} batch(es) could not separate candidate and reference, "
+        "no speedup is reported"
+    )

@@ -1,7 +1,8 @@
 """`kernelfleet eval`: judge one candidate file against one reference file.
 
     kernelfleet eval --reference REF.py --candidate CAND.py [--device cpu|cuda|cuda:N]
-                     [--profile strict|kernelbench-v0] [--trials N] [--json]
+                     [--profile strict|strict-tf32|kernelbench-v0] [--trials N] [--json]
+    kernelfleet eval serve [--host H] [--port P] [--token-file F] [--device D] [--max-queue N]
 
 The exit status is 0 whenever an evaluation completed, whatever the verdict, and 2 for bad
 usage or an unreadable file (or a reference that fails on its own), with a message that says
@@ -12,6 +13,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,7 +26,7 @@ from kernelfleet.core import reasons as R
 from kernelfleet.core.errors import UsageError
 from kernelfleet.core.models import EvaluationResult, Task
 from kernelfleet.core.tasks import missing_task_names
-from kernelfleet.evaluator._config import BASELINE_MODES, EvalConfig
+from kernelfleet.evaluator._config import BASELINE_MODES, PROFILES, EvalConfig
 from kernelfleet.evaluator._evaluator import Evaluator
 
 
@@ -35,16 +39,12 @@ def register(subcommands: argparse._SubParsersAction) -> None:
             "rejecting reward hacks by name. Exit status 0 whenever the evaluation completed."
         ),
     )
-    parser.add_argument(
-        "--reference", required=True, metavar="REF.py", help="task file: Model, get_inputs, ..."
-    )
-    parser.add_argument(
-        "--candidate", required=True, metavar="CAND.py", help="candidate file defining ModelNew"
-    )
+    parser.add_argument("--reference", metavar="REF.py", help="task file: Model, get_inputs, ...")
+    parser.add_argument("--candidate", metavar="CAND.py", help="candidate file defining ModelNew")
     parser.add_argument(
         "--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available, else cpu)"
     )
-    parser.add_argument("--profile", default="strict", choices=["strict", "kernelbench-v0"])
+    parser.add_argument("--profile", default="strict", choices=sorted(PROFILES))
     parser.add_argument(
         "--trials", type=int, default=None, metavar="N", help="timed calls of each side (100)"
     )
@@ -63,6 +63,31 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     parser.add_argument("--baselines", action="store_true", help="also time eager, torch.compile, CUDA graph")
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     parser.set_defaults(handler=run)
+    actions = parser.add_subparsers(dest="eval_command", metavar="serve")
+    serve = actions.add_parser(
+        "serve",
+        help="an HTTP evaluation service over the local GPUs",
+        description=(
+            "Serve evaluations over HTTP: POST /v1/evaluations, GET /v1/evaluations/ID, /healthz, "
+            "/metrics. See docs/evaluator.md."
+        ),
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8470, help="port (8470; 0 picks a free one)")
+    serve.add_argument(
+        "--token-file", metavar="F", help="file holding the bearer token that /v1 calls must send"
+    )
+    serve.add_argument("--device", default=None, help="cpu, cuda (every GPU) or cuda:N")
+    serve.add_argument("--profile", default="strict", choices=sorted(PROFILES), help="default profile")
+    serve.add_argument("--max-queue", type=int, default=64, metavar="N", help="open evaluations (64)")
+    serve.add_argument("--trials", type=int, default=None, metavar="N", help="timed calls of each side")
+    serve.add_argument("--correctness-trials", type=int, default=None, metavar="N")
+    serve.add_argument("--warmup", type=int, default=None, metavar="N")
+    serve.add_argument("--timeout", type=float, default=None, metavar="S", help="per-process limit")
+    serve.add_argument("--lane-slots", type=int, default=None, metavar="N", help="processes per device")
+    serve.set_defaults(
+        handler=run_serve, require_kernel=False, float64_reference=False, seed=None, json=False
+    )
 
 
 def _read(path_text: str, what: str) -> str:
@@ -126,6 +151,10 @@ def _table(result: EvaluationResult, reference: str, candidate: str) -> str:
         ("verdict", str(result.verdict)),
         ("speedup", f"{result.speedup:.3f}x" if result.speedup is not None else "-"),
     ]
+    if result.speedup_ci is not None:
+        rows.append(("95% interval", f"{result.speedup_ci[0]:.3f}x - {result.speedup_ci[1]:.3f}x"))
+    if result.settings:
+        rows.append(("settings", ", ".join(f"{k}={v}" for k, v in result.settings.items())))
     for label, timing in (("reference time", result.reference), ("candidate time", result.candidate)):
         if timing is not None:
             rows.append(
@@ -146,7 +175,64 @@ def _table(result: EvaluationResult, reference: str, candidate: str) -> str:
     return "\n".join(lines)
 
 
+def _token(path: str | None) -> str | None:
+    if path is None:
+        return os.environ.get("KERNELFLEET_EVAL_TOKEN") or None
+    token = _read(path, "token").strip()
+    if not token:
+        raise UsageError(f"the token file {path} is empty; put the token in it, or leave --token-file out")
+    return token
+
+
+def _interrupt(*_: object) -> None:
+    """SIGTERM (a pod being stopped) ends the service like Ctrl-C: open evaluations are cancelled."""
+    raise KeyboardInterrupt
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from kernelfleet.evaluator._service import EvaluationService, ServiceServer
+
+    if args.max_queue < 1:
+        raise UsageError("--max-queue must be at least 1")
+    config = _config(args)
+    if args.lane_slots is not None:
+        config = config.model_copy(update={"lane_slots": max(1, args.lane_slots)})
+    token = _token(args.token_file)
+    if token is None and args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(
+            f"warning: serving on {args.host} without a token; anyone who reaches it can run code "
+            "on this machine's GPUs (use --token-file)",
+            file=sys.stderr,
+        )
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    with Evaluator(config) as evaluator:
+        env = evaluator.environment
+        service = EvaluationService(evaluator, max_queue=args.max_queue)
+        try:
+            server = ServiceServer(service, args.host, args.port, token)
+        except OSError as error:
+            raise UsageError(f"cannot listen on {args.host}:{args.port}: {error.strerror}") from None
+        signal.signal(signal.SIGTERM, _interrupt)
+        print(
+            f"serving evaluations on {server.url} ({env.device}, {env.gpu_class}, profile {config.profile}, "
+            f"queue {args.max_queue}{', token required' if token else ''})",
+            file=sys.stderr,
+            flush=True,
+        )
+        try:
+            server.serve()
+        except KeyboardInterrupt:
+            print("stopping: open evaluations are cancelled", file=sys.stderr)
+        finally:
+            server.stop()
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if not args.reference or not args.candidate:
+        raise UsageError(
+            "kernelfleet eval needs --reference REF.py and --candidate CAND.py (or: kernelfleet eval serve)"
+        )
     reference = _read(args.reference, "reference")
     candidate = _read(args.candidate, "candidate")
     try:

@@ -27,12 +27,12 @@ import contextlib
 import hashlib
 import random
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from kernelfleet.core.errors import UsageError
+from kernelfleet.core.errors import EvaluationCancelled, UsageError
 from kernelfleet.core.models import (
     Environment,
     EvaluationResult,
@@ -57,7 +57,11 @@ class EvaluatorLike(Protocol):
     def evaluate(self, task: Task, code: str) -> EvaluationResult: ...
 
     def evaluate_batch(
-        self, items: list[tuple[Task, str]], cache: Any = None, progress: bool = True
+        self,
+        items: list[tuple[Task, str]],
+        cache: Any = None,
+        progress: bool = True,
+        stop: Callable[[float], bool] | None = None,
     ) -> list[EvaluationResult]: ...
 
     def baselines(self, task: Task) -> dict[str, Timing]: ...
@@ -68,7 +72,9 @@ class Budget:
     """When to stop. Rounds and samples shape the search; the rest cut it short.
 
     `wall_time_s` counts this call only; `gpu_seconds` counts every evaluation of the run, those
-    of earlier, resumed calls included; `target_speedup` applies to each task.
+    of earlier, resumed calls included; `target_speedup` applies to each task. The two limits
+    are bounds: at the limit nothing new starts, evaluations in flight are cancelled (not
+    recorded, so a resumed run evaluates them), and no baseline or re-verification is started.
     """
 
     rounds: int = 4
@@ -119,6 +125,7 @@ class _TaskState:
     best_seen: float | None = None
     task_error: str = ""
     summary: TaskSummary | None = None
+    not_evaluated: int = 0
 
     def seen(self) -> frozenset[str]:
         return frozenset(self.proposed) | frozenset(entry.variant_hash for entry in self.db)
@@ -257,15 +264,21 @@ class OptimizationLoop:
             self.progress.close()
         return [summary for task in ordered if (summary := self._states[task.hash].summary) is not None]
 
-    def _budget_stop(self) -> str | None:
+    def _budget_stop(self, in_flight_s: float = 0.0) -> str | None:
+        """The budget that has run out, if any; `in_flight_s`: seconds that evaluations still
+        running have spent so far (they count against the GPU-seconds before they finish)."""
         if (
             self.budget.wall_time_s is not None
             and time.monotonic() - self._started >= self.budget.wall_time_s
         ):
             return "wall-time"
-        if self.budget.gpu_seconds is not None and self._gpu_used >= self.budget.gpu_seconds:
+        if self.budget.gpu_seconds is not None and self._gpu_used + in_flight_s >= self.budget.gpu_seconds:
             return "gpu-seconds"
         return None
+
+    def _stop_batch(self, in_flight_s: float) -> bool:
+        self._stop = self._stop or self._budget_stop(in_flight_s)
+        return self._stop is not None
 
     def _load_results(self) -> None:
         """Every result the run already has for this GPU class and evaluator version."""
@@ -430,9 +443,25 @@ class OptimizationLoop:
             if not chunk:
                 continue
             items = [(state.task, self._code(variant_hash)) for state, variant_hash in chunk]
-            results = self.evaluator.evaluate_batch(items, cache=sink, progress=False)
-            for result in results:
-                self._record_result(result)
+            limited = self.budget.wall_time_s is not None or self.budget.gpu_seconds is not None
+            try:
+                results: Sequence[EvaluationResult | None] = self.evaluator.evaluate_batch(
+                    items, cache=sink, progress=False, stop=self._stop_batch if limited else None
+                )
+            except EvaluationCancelled as cancelled:
+                # The budget ended mid-batch: what finished is kept, the rest is not evaluated
+                # (nothing of it is stored, so a resumed run evaluates it).
+                results = cancelled.results or [None] * len(items)  # type: ignore[assignment]
+                self._stop = self._stop or self._budget_stop() or "wall-time"
+            for (state, _), result in zip(chunk, results, strict=True):
+                if result is None:
+                    state.not_evaluated += 1
+                else:
+                    self._record_result(result)
+            if self._stop:
+                for state, _ in todo[start + size :]:
+                    state.not_evaluated += 1
+                break
         for _, state, record in slots:
             if not record.variant_hash or record.variant_hash in state.db:
                 continue
@@ -477,8 +506,11 @@ class OptimizationLoop:
     # ------------------------------------------------------------------ the end of a task
 
     def _finish(self, state: _TaskState, reason: str) -> None:
-        baselines = self._baselines(state) if self.settings.measure_baselines else {}
-        chosen, verification = self._verify(state)
+        # A spent budget starts nothing more: baselines and the re-verification are taken from
+        # the store when there, else left to a resumed run.
+        spent = reason in ("wall-time", "gpu-seconds")
+        baselines = self._baselines(state, measure=not spent) if self.settings.measure_baselines else {}
+        chosen, verification = self._verify(state, measure=not spent)
         speedup = chosen.speedup if chosen is not None else None
         if speedup is not None and verification is not None and verification.speedup is not None:
             # Like the evaluator's own re-check: of two honest measurements, the lower counts.
@@ -505,6 +537,7 @@ class OptimizationLoop:
             verified=verification is not None,
             baselines=baselines,
             gpu_seconds=round(state.db.gpu_seconds(), 3),
+            not_evaluated=state.not_evaluated,
             finished_at=_now(),
         )
         # Named by the samples seen so far: a search continued after a wall-time stop writes a
@@ -528,13 +561,15 @@ class OptimizationLoop:
             return eager.median_ms / compiled.median_ms
         return None
 
-    def _baselines(self, state: _TaskState) -> dict[str, Timing]:
+    def _baselines(self, state: _TaskState, measure: bool = True) -> dict[str, Timing]:
         key = self.layout.baselines(state.task.hash, self.gpu_class, self.evaluator_version)
         try:
             stored = self.store.get_json(key)
             return {name: Timing.model_validate(value) for name, value in stored.get("baselines", {}).items()}
         except NotFound:
             pass
+        if not measure:
+            return {}
         try:
             measured = self.evaluator.baselines(state.task)
         except Exception as error:  # a baseline is context, not the result: report and go on
@@ -547,8 +582,11 @@ class OptimizationLoop:
         )
         return dict(measured)
 
-    def _verify(self, state: _TaskState) -> tuple[Entry | None, EvaluationResult | None]:
-        """The best variant that is correct again in a fresh evaluation, and that evaluation."""
+    def _verify(
+        self, state: _TaskState, measure: bool = True
+    ) -> tuple[Entry | None, EvaluationResult | None]:
+        """The best variant that is correct again in a fresh evaluation, and that evaluation.
+        Without `measure`, only a verification already in the store counts."""
         ranked = state.db.ranked()
         if not self.settings.verify_best:
             return (ranked[0] if ranked else None), None
@@ -559,6 +597,8 @@ class OptimizationLoop:
             try:
                 result = EvaluationResult.model_validate(self.store.get_json(key))
             except NotFound:
+                if not measure:
+                    return (ranked[0] if ranked else None), None
                 result = self.evaluator.evaluate(state.task, entry.code)
                 self.store.put_json(key, result)
                 self._gpu_used += result.seconds

@@ -380,6 +380,7 @@ class ModelNew(nn.Module):
         return out
 """
 
+# Not a hack since issue 11: a setting users adopt, applied to both sides and named in the result.
 CUDNN_BENCHMARK_HACK = """
 import torch
 import torch.nn as nn
@@ -622,4 +623,96 @@ def get_inputs():
 
 def get_init_inputs():
     return []
+"""
+
+# Sets cuDNN's autotuner while it is being constructed (a setting, like at import).
+CUDNN_BENCHMARK_IN_INIT = """
+import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.backends.cudnn.benchmark = True
+
+    def forward(self, A, B):
+        return torch.relu(A @ B)
+"""
+
+# Deterministic algorithms on: global state that is not an allowed setting.
+DETERMINISTIC_FLAG_HACK = """
+import torch
+import torch.nn as nn
+
+torch.use_deterministic_algorithms(True)
+
+
+class ModelNew(nn.Module):
+    def forward(self, A, B):
+        return torch.relu(A @ B)
+"""
+
+# bf16 matmuls through the precision flag: never a setting, even where TF32 is.
+MEDIUM_PRECISION_AT_IMPORT = """
+import torch
+import torch.nn as nn
+
+torch.set_float32_matmul_precision("medium")
+
+
+class ModelNew(nn.Module):
+    def forward(self, A, B):
+        return torch.relu(A @ B)
+"""
+
+# A slow reference and a candidate that does the same work once: a real speedup of about 4x.
+SLOW_TASK = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x, w):
+        out = torch.tanh(x @ w)
+        for _ in range(3):
+            out = torch.tanh(x @ w)
+        return out
+
+
+def get_inputs():
+    return [torch.randn(96, 96), torch.randn(96, 96)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+SLOW_TASK_FAST = """
+import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def forward(self, x, w):
+        return torch.tanh(x @ w)
+"""
+
+
+def sleeper(seconds: float, flag: str = "") -> str:
+    """An honest MATMUL_TASK candidate that sleeps `seconds` in every call (while the file
+    `flag` exists, when given): a deliberately slow candidate for budgets and cancellation."""
+    condition = f"os.path.exists({flag!r})" if flag else "True"
+    return f"""
+import os
+import time
+import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def forward(self, A, B):
+        if {condition}:
+            time.sleep({seconds})
+        return torch.relu(A @ B)
 """

@@ -59,7 +59,6 @@ HACKS = [
     ("autocast", C.MATMUL_TASK, C.AUTOCAST_HACK, R.PRECISION_DOWNGRADE, {"profile": "kernelbench-v0"}),
     ("tf32-at-import", C.MATMUL_TASK, C.TF32_AT_IMPORT_HACK, R.PRECISION_DOWNGRADE, {}),
     ("precision-during-call", C.MATMUL_TASK, C.TF32_DURING_CALL_HACK, R.PRECISION_DOWNGRADE, {}),
-    ("cudnn-benchmark", C.MATMUL_TASK, C.CUDNN_BENCHMARK_HACK, R.GLOBAL_FLAG_CHANGED, {}),
     ("num-threads", C.MATMUL_TASK, C.THREADS_FLAG_HACK, R.GLOBAL_FLAG_CHANGED, {}),
     ("timer-patched", C.MATMUL_TASK, C.TIMER_PATCH_HACK, R.HARNESS_PATCHED, {}),
     ("sync-patched", C.MATMUL_TASK, C.SYNC_PATCH_HACK, R.HARNESS_PATCHED, {}),
@@ -102,7 +101,9 @@ def test_honest_twin_passes(task_code: str, candidate: str, overrides: dict[str,
     assert_correct(result)
     assert result.speedup is not None and result.speedup > 0
     assert result.reference is not None and result.candidate is not None
-    assert result.reference.trials == result.candidate.trials == FAST["timing_trials"]
+    # Adaptive timing takes whole batches of timing_trials rounds until the speedup settles.
+    assert result.reference.trials == result.candidate.trials
+    assert result.candidate.trials % FAST["timing_trials"] == 0
     assert result.max_abs_error is not None
 
 

@@ -197,7 +197,9 @@ def test_a_wall_time_stop_continues_when_repeated(store: Store, monkeypatch: pyt
     monkeypatch.setattr(loop_module.time, "monotonic", lambda: clock[0])
 
     class TickingEvaluator(ScriptedEvaluator):
-        def evaluate_batch(self, items: list, cache: object = None, progress: bool = True) -> list:
+        def evaluate_batch(
+            self, items: list, cache: object = None, progress: bool = True, stop: object = None
+        ) -> list:
             clock[0] += 10.0  # each batch "takes" ten seconds
             return super().evaluate_batch(items, cache, progress)
 

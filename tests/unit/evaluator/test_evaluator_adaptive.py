@@ -1,0 +1,117 @@
+"""Adaptive timing: a real speedup is never lost to noise, and every speedup has an interval.
+
+The statistics are checked on synthetic slow/fast pairs (seeded, so they are exact), the whole
+protocol on a real CPU pair whose reference does the same work four times."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+import pytest
+
+from kernelfleet.core.models import Task, Verdict
+from kernelfleet.evaluator import EvalConfig, Evaluator
+from kernelfleet.evaluator import reasons as R
+from kernelfleet.evaluator._timing import AdaptiveTiming, adaptive_timing, decide, speedup_interval
+from tests.support import evaluator_cases as C
+
+Measure = Callable[[int, bool], tuple[list[float], list[float]]]
+
+
+def pair(ratio: float, noise: float, seed: int, drift: float = 0.0) -> tuple[Measure, list[int]]:
+    """Reference `ratio` times slower than the candidate, lognormal noise; `drift` slows the
+    reference over time (an LSTM whose clocks wander), the case the old bucket gate threw away."""
+    rng = random.Random(seed)
+    calls: list[int] = []
+    clock = [0]
+
+    def measure(rounds: int, first: bool) -> tuple[list[float], list[float]]:
+        calls.append(rounds)
+        ref, cand = [], []
+        for _ in range(rounds):
+            clock[0] += 1
+            slow = 1.0 + drift * clock[0] / 100
+            ref.append(10 * ratio * slow * rng.lognormvariate(0, noise))
+            cand.append(10 * rng.lognormvariate(0, noise))
+        return ref, cand
+
+    return measure, calls
+
+
+def run(measure: Measure, extra: int = 7) -> AdaptiveTiming:
+    return adaptive_timing(
+        measure, trials=100, extra_batches=extra, precision=0.02, max_cv=0.1, budget_s=1e9, seed=3
+    )
+
+
+def test_far_apart_medians_settle_at_once() -> None:
+    measure, calls = pair(2.0, 0.03, seed=1)
+    timed = run(measure)
+    assert timed.settled and len(calls) == 1
+    speedup, noisy = decide(timed, 0.1)
+    assert noisy is None and speedup is not None and speedup == pytest.approx(2.0, rel=0.02)
+    assert timed.estimate.low < speedup < timed.estimate.high
+
+
+def test_close_medians_take_more_samples_and_keep_the_speedup() -> None:
+    measure, calls = pair(1.05, 0.15, seed=2)
+    timed = run(measure)
+    assert len(calls) > 1, "a 5% difference under 15% noise needs more than one batch"
+    speedup, _ = decide(timed, 0.1)
+    assert speedup is not None and timed.estimate.separated
+    assert timed.estimate.low <= 1.05 <= timed.estimate.high
+
+
+def test_a_real_speedup_under_drift_is_reported_with_its_interval() -> None:
+    # The old gate refused this: the buckets disagree because the reference wandered.
+    measure, _ = pair(4.0, 0.05, seed=3, drift=0.3)
+    timed = run(measure, extra=1)
+    assert not timed.settled and timed.estimate.bucket_cv > 0.1
+    speedup, noisy = decide(timed, 0.1)
+    assert speedup is not None and timed.estimate.low > 3.5
+    assert noisy is not None and "reported with its interval" in noisy
+
+
+def test_inseparable_timings_report_no_speedup_with_the_figures() -> None:
+    measure, calls = pair(1.0, 0.4, seed=4)
+    timed = run(measure, extra=2)
+    assert len(calls) == 3 and not timed.settled
+    speedup, noisy = decide(timed, 0.1)
+    assert speedup is None
+    assert noisy is not None and "could not separate" in noisy and "95% interval" in noisy
+    # Without a gate the figures stand: no refusal.
+    assert decide(timed, None)[0] is not None
+
+
+def test_the_interval_covers_the_truth() -> None:
+    rng = random.Random(5)
+    covered = 0
+    for trial in range(40):
+        ref = [10.3 * rng.lognormvariate(0, 0.1) for _ in range(200)]
+        cand = [10.0 * rng.lognormvariate(0, 0.1) for _ in range(200)]
+        estimate = speedup_interval(ref, cand, seed=trial, resamples=500)
+        covered += estimate.low <= 1.03 <= estimate.high
+    assert covered >= 34  # 95% nominal; 34 of 40 leaves room for chance
+
+
+def test_a_real_cpu_speedup_has_an_interval_above_one() -> None:
+    config = EvalConfig(
+        device="cpu",
+        correctness_trials=2,
+        timing_trials=20,
+        warmup=2,
+        flush_bytes=0,
+        speedup_recheck=None,
+        timing_budget_s=20.0,
+    )
+    with Evaluator(config) as evaluator:
+        result = evaluator.evaluate(Task(name="slow", code=C.SLOW_TASK), C.SLOW_TASK_FAST)
+    assert result.verdict == Verdict.CORRECT, result.reasons
+    assert result.speedup is not None and result.speedup_ci is not None, result.reasons
+    low, high = result.speedup_ci
+    assert 1.0 < low <= result.speedup <= high
+    assert R.TIMING_NOISY not in R.codes(result.reasons) or "reported with its interval" in " ".join(
+        result.reasons
+    )
+    assert {"reference", "candidate_load", "correctness", "timing"} <= set(result.stages)

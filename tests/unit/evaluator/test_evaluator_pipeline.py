@@ -1,0 +1,82 @@
+"""The evaluation pipeline: candidates load and check correctness side by side while one at a
+time holds the device's timing lane; cancellation; per-stage times and metrics; the CPU clock
+that bounds builds."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from kernelfleet.core.errors import EvaluationCancelled
+from kernelfleet.core.models import Task, Verdict
+from kernelfleet.evaluator import EvalConfig, Evaluator
+from kernelfleet.evaluator._cputime import tree_cpu_seconds
+from tests.support import evaluator_cases as C
+
+MATMUL = Task(name="matmul", code=C.MATMUL_TASK)
+
+
+def test_the_timing_lane_is_lent_to_one_candidate_at_a_time() -> None:
+    config = EvalConfig(
+        device="cpu",
+        correctness_trials=1,
+        timing_trials=4,
+        warmup=1,
+        flush_bytes=0,
+        max_speedup_cv=None,
+        speedup_recheck=None,
+        timing_retries=0,
+        lane_slots=3,
+    )
+    candidates = [C.sleeper(0.15) + f"\n# {index}\n" for index in range(3)]
+    with Evaluator(config) as evaluator:
+        results = evaluator.evaluate_batch([(MATMUL, code) for code in candidates], progress=False)
+        snapshot = evaluator.metrics.snapshot()
+    assert [r.verdict for r in results] == [Verdict.CORRECT] * 3, [r.reasons for r in results]
+    waits = sorted(r.stages["lane_wait"] for r in results)
+    timing = min(r.stages["timing"] for r in results)
+    # Three processes were ready together; the lane served them one after another.
+    assert waits[-1] >= timing, (waits, timing)
+    for result in results:
+        assert {"process_start", "reference", "candidate_load", "correctness", "lane_wait", "timing"} <= set(
+            result.stages
+        )
+    assert snapshot["verdicts"] == {"correct": 3}
+    assert snapshot["timing_lane_busy_s"]["0"] >= sum(r.stages["timing"] for r in results)
+    assert 0 < snapshot["timing_lane_busy_share"]["0"] <= 1
+    assert snapshot["running"] == snapshot["waiting"] == 0
+
+
+def test_cancelling_kills_a_running_evaluation() -> None:
+    config = EvalConfig(device="cpu", correctness_trials=2, timing_trials=3, warmup=1, flush_bytes=0)
+    with Evaluator(config) as evaluator:
+        future = evaluator.submit(MATMUL, C.sleeper(30.0))
+        deadline = time.monotonic() + 120
+        while evaluator.state(future) != "running" and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.5)
+        begin = time.monotonic()
+        evaluator.cancel(future)
+        with pytest.raises(EvaluationCancelled):
+            future.result(timeout=60)
+        assert time.monotonic() - begin < 20
+        assert evaluator.metrics.snapshot()["cancelled"] == 1
+
+
+def test_cpu_time_counts_the_process_tree_not_the_wall_clock() -> None:
+    spin = "import time\nt = time.process_time()\nwhile time.process_time() - t < 1.0: pass"
+    busy = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {spin!r}])"
+    idle = "import time; time.sleep(1.5)"
+    for code, low, high in ((busy, 0.8, 30.0), (idle, 0.0, 0.5)):
+        process = subprocess.Popen([sys.executable, "-c", code])
+        peak = 0.0
+        while process.poll() is None:
+            peak = max(peak, tree_cpu_seconds(process.pid))
+            time.sleep(0.05)
+        if code is busy:
+            assert low <= peak <= high, peak  # the grandchild's CPU time is the parent's
+        else:
+            assert peak <= high, peak
