@@ -122,37 +122,141 @@ class StageType(enum.StrEnum):
     GRPO = "grpo"
 
 
-class SFTStageConfig(BaseModel):
-    """A subset of trl's SFTConfig, with its names."""
+class _TrlConfig(BaseModel):
+    """Base of the stage configs that carry trl's own field names (snake_case, as in trl)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class PeftFields(_TrlConfig):
+    """LoRA through peft, with the names of trl's `ModelConfig`. Off: full fine-tuning."""
+
+    use_peft: bool = Field(default=False, description="Train a LoRA adapter instead of all weights.")
+    lora_r: int = Field(default=16, ge=1, description="LoRA rank.")
+    lora_alpha: int = Field(default=32, ge=1, description="LoRA scaling numerator (alpha / r).")
+    lora_dropout: float = Field(default=0.05, ge=0, lt=1)
+    lora_target_modules: list[str] | None = Field(
+        default=None, description="Module names to adapt; None: peft's default for the architecture."
+    )
+
+
+class SFTStageConfig(PeftFields):
+    """A subset of trl's SFTConfig, with its names (and LoRA with ModelConfig's)."""
+
     learning_rate: float = Field(default=2e-5, gt=0)
     num_train_epochs: float = Field(default=1.0, gt=0)
+    max_steps: int = Field(default=-1, description="Optimizer steps; -1: num_train_epochs decides.")
     per_device_train_batch_size: int = Field(default=4, ge=1)
     gradient_accumulation_steps: int = Field(default=1, ge=1)
-    max_length: int = Field(default=4096, ge=16)
+    max_length: int = Field(default=4096, ge=16, description="Tokens per example; longer ones are cut.")
+    packing: bool = Field(
+        default=False, description="Pack examples into max_length blocks (flash attention)."
+    )
     bf16: bool = True
+    gradient_checkpointing: bool = True
+    logging_steps: float = Field(default=10, gt=0, description="Steps between metric records.")
+    save_steps: float = Field(default=100, gt=0, description="Steps between checkpoints (kept in the store).")
+    seed: int = 42
 
 
-class GRPOStageConfig(BaseModel):
-    """A subset of trl's GRPOConfig, with its names."""
+class GRPOStageConfig(PeftFields):
+    """A subset of trl's GRPOConfig, with its names (and LoRA with ModelConfig's)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
     learning_rate: float = Field(default=1e-6, gt=0)
-    num_generations: int = Field(default=8, ge=2)
-    beta: float = Field(default=0.04, ge=0)
-    epsilon: float = Field(default=0.2, gt=0)
+    num_generations: int = Field(default=8, ge=2, description="Completions per prompt: the GRPO group.")
+    beta: float = Field(default=0.04, ge=0, description="KL penalty; 0 loads no reference model.")
+    epsilon: float = Field(default=0.2, gt=0, description="PPO ratio clip.")
+    epsilon_high: float | None = Field(default=None, gt=0, description="Upper clip (DAPO); None: epsilon.")
+    loss_type: str = Field(default="dapo", description="dapo, grpo, dr_grpo, bnpo, ...")
+    scale_rewards: str = Field(default="group", description="group, batch or none.")
     max_completion_length: int = Field(default=4096, ge=16)
-    per_device_train_batch_size: int = Field(default=8, ge=1)
+    mask_truncated_completions: bool = Field(default=False, description="No loss on cut-off completions.")
+    temperature: float = Field(default=1.0, gt=0)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    per_device_train_batch_size: int = Field(default=8, ge=1, description="Completions, not prompts.")
+    gradient_accumulation_steps: int = Field(default=1, ge=1)
+    num_train_epochs: float = Field(default=1.0, gt=0)
     max_steps: int = Field(default=-1)
-    use_vllm: bool = True
+    use_vllm: bool = Field(default=True, description="Generate with vLLM when it is installed.")
+    bf16: bool = True
+    gradient_checkpointing: bool = True
+    logging_steps: float = Field(default=1, gt=0)
+    save_steps: float = Field(default=50, gt=0)
+    seed: int = 42
+
+
+class SelfTrainStageConfig(_TrlConfig):
+    """Self-training rounds: generate, verify, fine-tune on the correct answers only.
+
+    Each round's fine-tuning takes the stage's `sft` config; these fields shape the generation.
+    """
+
+    rounds: int = Field(default=2, ge=1, le=100, description="Generate-verify-train rounds.")
+    samples_per_task: int = Field(default=8, ge=1, le=1024, description="Answers per task per round.")
+    keep_per_task: int = Field(default=4, ge=1, le=1024, description="Correct answers kept, fastest first.")
+    temperature: float = Field(default=0.8, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    max_new_tokens: int = Field(default=4096, ge=16)
+    use_vllm: bool = Field(default=True, description="Generate with vLLM when installed, else transformers.")
+
+
+class StageData(_Spec):
+    """Where a supervised stage's examples come from: policies verified by the evaluator, or a file."""
+
+    policies: list[PolicySpec] = Field(
+        default_factory=list, description="Policies asked for solutions (replay files, endpoints, compile)."
+    )
+    samples_per_task: int = Field(default=8, ge=1, le=1024, description="Answers asked of each policy.")
+    rounds: int = Field(default=1, ge=1, le=100, description="Contrastive rounds of data collection.")
+    keep_per_task: int = Field(default=2, ge=1, le=1024, description="Correct variants kept, fastest first.")
+    dataset: str = Field(
+        default="", description="A ready JSONL dataset (store URL or path, prompt/completion rows) instead."
+    )
+
+
+class RewardSpec(_Spec):
+    """The RL reward: the evaluator's speedup, penalties, normalisation and clipping."""
+
+    clip: float = Field(default=1.5, gt=0, description="Clip after normalisation, as the paper does.")
+    normalize: bool = Field(default=True, description="(r - mean) / std over each generation batch.")
+    incorrect: float = Field(default=0.0, description="Reward of code that runs but is wrong or fails.")
+    rejected_penalty: float = Field(default=-1.0, description="Reward of a rejected reward hack.")
+    unparsable_penalty: float = Field(default=-0.5, description="Reward of an answer with no usable code.")
+    exemplars: int = Field(default=2, ge=0, le=8, description="Earlier variants shown in each prompt.")
+    bucket_temperature: float = Field(default=1.0, description="Softmax temperature of exemplar buckets.")
+    service_url: str = Field(default="", description="`kernelfleet eval serve` URL; empty: in-process.")
+    token_secret: str = Field(default="", description="Secret (key 'token') with the service's bearer token.")
+    timeout_seconds: float = Field(default=1800, gt=0, description="Longest wait for one group's rewards.")
 
 
 class TrainingStage(_Spec):
     name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=40)
     type: StageType
-    sft: SFTStageConfig | None = None
+    sft: SFTStageConfig | None = Field(
+        default=None, description="Fine-tuning settings of an sft stage and of each self-training round."
+    )
+    selftrain: SelfTrainStageConfig | None = None
     grpo: GRPOStageConfig | None = None
+    data: StageData | None = Field(default=None, description="The sft stage's examples.")
+    reward: RewardSpec | None = Field(default=None, description="The grpo stage's reward.")
+
+
+class HeldOutSpec(_Spec):
+    """Tasks no stage trains on; after each stage the model optimises them through the normal loop.
+
+    By default a fixed share of each KernelBench level (ranked by a hash of level, id and seed,
+    over the whole level, so the split does not depend on which tasks a run selects).
+    """
+
+    fraction: float = Field(default=0.2, ge=0, lt=1, description="Share of each level held out.")
+    seed: int = Field(default=0, description="Changes which tasks are held out.")
+    tasks: list[str] = Field(
+        default_factory=list, description="Extra task selections to hold out (and never train on)."
+    )
+    evaluate: bool = Field(default=True, description="Optimise the held-out tasks after each stage.")
+    rounds: int = Field(default=1, ge=1, le=100)
+    samples_per_round: int = Field(default=4, ge=1, le=1024)
+    max_new_tokens: int = Field(default=4096, ge=16)
 
 
 class TrainingRunSpec(_Spec):
@@ -161,10 +265,32 @@ class TrainingRunSpec(_Spec):
     base_model: str = Field(min_length=1, description="Store URL or path of the starting weights.")
     tasks: list[str] = Field(min_length=1, description="Task selections used for data and rewards.")
     stages: list[TrainingStage] = Field(min_length=1)
+    held_out: HeldOutSpec = Field(default_factory=HeldOutSpec)
+    evaluation: EvaluationSpec = Field(default=EvaluationSpec())
     gpu_class: GpuClassName = "h100"
     gpus: int = Field(default=1, ge=1, le=64)
+    reward_gpu_class: str = Field(
+        default="", description="Pool of the RL stage's evaluation service; empty: gpuClass."
+    )
+    reward_gpus: int = Field(default=1, ge=0, le=64, description="GPUs of the evaluation service.")
     store: str = ""
     suspend: bool = False
+
+
+class TrainingStageStatus(_Spec):
+    """One stage as the trainer last reported it (written to the store, copied into the status)."""
+
+    name: str = ""
+    type: str = ""
+    phase: str = Field(default="Pending", description="Pending, Running, Succeeded or Failed.")
+    step: int = 0
+    max_steps: int = 0
+    round: int = Field(default=0, description="Self-training round (from 1), 0 otherwise.")
+    checkpoint: str = Field(default="", description="Store URL of the newest complete checkpoint.")
+    model: str = Field(default="", description="Store URL of the stage's final weights.")
+    metrics: dict[str, float] = Field(default_factory=dict, description="The newest logged metrics.")
+    message: str = ""
+    updated_at: str = ""
 
 
 class TrainingRunStatus(_Spec):
@@ -173,4 +299,6 @@ class TrainingRunStatus(_Spec):
     current_stage: str = ""
     stages_done: int = 0
     checkpoint: str = Field(default="", description="Store URL of the newest checkpoint.")
+    stages: list[TrainingStageStatus] = Field(default_factory=list)
+    report: str = Field(default="", description="Store URL of the held-out report.")
     conditions: list[Condition] = Field(default_factory=list)
