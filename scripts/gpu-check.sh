@@ -9,11 +9,16 @@
 #   --reward: only the reward-service benchmark (benchmarks/reward_service.py, about 8 minutes:
 #   REWARD_SECONDS), on the published kernels in $KERNELFLEET_CUDA_L1_KERNELS (default
 #   .data/cuda-l1-h100-kernels.jsonl, carried to the machine; it is not in the repository).
-#   Missing Python packages (pydantic, minio) travel as wheels in .whl/ and are installed to /tmp/site.
+#   --rl: only the RL step benchmark (benchmarks/train_rl_step.py: a few GRPO steps of a locally
+#   built ~190M model, rewards from the evaluator on GPU 1 when there are two; RL_STEPS, 3).
+#   Missing Python packages (pydantic, minio; for --rl also trl, peft, datasets, accelerate,
+#   transformers, tokenizers and their dependencies) travel as wheels in .whl/ and are installed
+#   to /tmp/site.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 QUICK=0; [[ "${1:-}" == "--quick" ]] && QUICK=1
 REWARD=0; [[ "${1:-}" == "--reward" ]] && REWARD=1
+RL=0; [[ "${1:-}" == "--rl" ]] && RL=1
 KERNELS=${KERNELFLEET_CUDA_L1_KERNELS:-.data/cuda-l1-h100-kernels.jsonl}
 
 if compgen -G ".whl/*.whl" >/dev/null; then
@@ -54,7 +59,9 @@ EVAL_ARGS=(--out "$RESULTS" --max-seconds "${EVAL_SECONDS:-300}")
 OPT_ARGS=(--out "$RESULTS" --store "${OPT_STORE:-results/tmp/gpu-optimize-store}" --wall-time "${OPT_SECONDS:-220}")
 GPUS=$(python3 -c 'import torch; print(torch.cuda.device_count())')
 REWARD_ARGS=(--out "$RESULTS" --kernels "$KERNELS" --max-seconds "${REWARD_SECONDS:-420}")
-if [[ $REWARD == 1 ]]; then
+if [[ $RL == 1 ]]; then
+  step train-rl-bench python3 benchmarks/train_rl_step.py --out "$RESULTS" --steps "${RL_STEPS:-3}"
+elif [[ $REWARD == 1 ]]; then
   step reward-bench python3 benchmarks/reward_service.py "${REWARD_ARGS[@]}"
 elif [[ $QUICK == 1 ]]; then
   step gpu-tests python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu

@@ -69,7 +69,9 @@ def answer_text(code: str) -> str:
     )
 
 
-def answer_model(path: Path, answers: list[str], boost: float = 8.0, stop: float = 10.0) -> tuple[Path, list[int]]:
+def answer_model(
+    path: Path, answers: list[str], boost: float = 8.0, stop: float = 10.0
+) -> tuple[Path, list[int]]:
     """A real Llama whose initial weights make it answer with one of `answers`, each a single token.
 
     Every answer is added to the tokenizer as one token. The layers' output projections start at
@@ -87,7 +89,7 @@ def answer_model(path: Path, answers: list[str], boost: float = 8.0, stop: float
     tokenizer = AutoTokenizer.from_pretrained(str(path))
     tokenizer.add_tokens(answers)
     tokenizer.save_pretrained(str(path))
-    ids = [tokenizer.convert_tokens_to_ids(answer) for answer in answers]
+    ids = [int(str(tokenizer.convert_tokens_to_ids(answer))) for answer in answers]
     vocab = len(tokenizer)
     hidden = vocab + vocab % 2  # a multiple of the head count
     config = LlamaConfig(

@@ -5,6 +5,7 @@ the whole file runs in about two minutes on a shared two-core machine."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from transformers import TrainerCallback
@@ -45,7 +46,7 @@ class KillAfter(TrainerCallback):
     def __init__(self, step: int) -> None:
         self.step = step
 
-    def on_save(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
+    def on_save(self, args, state, control, **kwargs):
         if state.global_step >= self.step:
             raise Killed()
 
@@ -65,7 +66,12 @@ def test_sft_collects_verified_data_trains_resumes_after_a_kill_and_reports_held
         heldOut={"fraction": 0.25, "evaluate": True, "samplesPerRound": 1, "maxNewTokens": 16},
     )
     store_url = str(tmp_path / "store")
-    options = {"store": store_url, "work_dir": tmp_path / "work", "device": "cpu", "eval_overrides": FAST_EVAL}
+    options: dict[str, Any] = {
+        "store": store_url,
+        "work_dir": tmp_path / "work",
+        "device": "cpu",
+        "eval_overrides": FAST_EVAL,
+    }
     with open_run(config, extra_callbacks=[KillAfter(1)], **options) as run:
         assert [task.name for task in run.split.held_out] == ["conv_block"]
         with pytest.raises(Killed):
@@ -78,7 +84,9 @@ def test_sft_collects_verified_data_trains_resumes_after_a_kill_and_reports_held
     # The dataset: verified variants of the training tasks only, contrastive chat prompts.
     rows = load_jsonl(store.get_bytes(layout.data("sft", "train")))
     assert rows and {row["task_name"] for row in rows} <= {"diag_matmul", "elementwise_chain", "softmax_rows"}
-    assert all(row["prompt"][0]["role"] == "system" and "ModelNew" in row["completion"][0]["content"] for row in rows)
+    assert all(
+        row["prompt"][0]["role"] == "system" and "ModelNew" in row["completion"][0]["content"] for row in rows
+    )
     assert all(row["speedup"] > 0 for row in rows)
 
     # A new process (a fresh work directory) resumes from the checkpoint in the store.
@@ -90,7 +98,9 @@ def test_sft_collects_verified_data_trains_resumes_after_a_kill_and_reports_held
     status = latest_stage_status(store, layout, "sft")
     assert status is not None and status.phase == "Succeeded" and status.step == 2
     assert "loss" in status.metrics and status.checkpoint.endswith(latest_checkpoint(store, layout, "sft")[1])  # type: ignore[index]
-    steps = sorted({int(key.rsplit("/", 1)[1].split("-")[0]) for key in store.list(layout.metrics_prefix("sft"))})
+    steps = sorted(
+        {int(key.rsplit("/", 1)[1].split("-")[0]) for key in store.list(layout.metrics_prefix("sft"))}
+    )
     assert steps[0] == 1 and steps[-1] == 2
     report = latest_report(store, layout)
     assert report is not None and [row["stage"] for row in report["rows"]] == ["base-model", "sft"]
@@ -121,7 +131,13 @@ def test_grpo_rewards_come_from_the_evaluator_and_raise_the_faster_answer(tmp_pa
     task = load_tasks(DIAG)[0]
     prompt = build_messages(task, [], "cpu", "cpu")
     before = answer_probabilities(model, prompt, ids)
-    with open_run(config, store=str(tmp_path / "store"), work_dir=tmp_path / "work", device="cpu", eval_overrides=FAST_EVAL) as run:
+    with open_run(
+        config,
+        store=str(tmp_path / "store"),
+        work_dir=tmp_path / "work",
+        device="cpu",
+        eval_overrides=FAST_EVAL,
+    ) as run:
         summary = run_stage(run, "rl")
         final = tmp_path / "final"
         run.store.download_dir(run.layout.model("rl"), final)
@@ -144,19 +160,35 @@ def test_grpo_rewards_come_from_the_evaluator_and_raise_the_faster_answer(tmp_pa
 def test_selftrain_keeps_only_verified_answers(tmp_path: Path) -> None:
     """One round: the model answers (transformers generation), the evaluator verifies, the
     correct answers become the fine-tuning set, the round's model is stored."""
-    model, _ = answer_model(tmp_path / "model", [answer_text(FAST), answer_text(SLOW), answer_text("x = 1\n")])
+    model, _ = answer_model(
+        tmp_path / "model", [answer_text(FAST), answer_text(SLOW), answer_text("x = 1\n")]
+    )
     stage = {
         "name": "self",
         "type": "selftrain",
-        "selftrain": {"rounds": 1, "samples_per_task": 3, "keep_per_task": 2, "max_new_tokens": 16, "use_vllm": False},
+        "selftrain": {
+            "rounds": 1,
+            "samples_per_task": 3,
+            "keep_per_task": 2,
+            "max_new_tokens": 16,
+            "use_vllm": False,
+        },
         "sft": {**TINY_SFT, "max_steps": 1, "save_steps": 1},
     }
     config = run_config(model, [stage], tasks=[DIAG], heldOut={"fraction": 0.0})
-    with open_run(config, store=str(tmp_path / "store"), work_dir=tmp_path / "work", device="cpu", eval_overrides=FAST_EVAL) as run:
+    with open_run(
+        config,
+        store=str(tmp_path / "store"),
+        work_dir=tmp_path / "work",
+        device="cpu",
+        eval_overrides=FAST_EVAL,
+    ) as run:
         summary = run_stage(run, "self")
         layout = run.layout
         store = run.store
     (round_one,) = summary["rounds"]
     assert 1 <= round_one["examples"] <= 2  # answers without ModelNew never reach training
-    assert store.dir_complete(f"{layout.stage('self')}/round-01/model") and store.dir_complete(layout.model("self"))
+    assert store.dir_complete(f"{layout.stage('self')}/round-01/model") and store.dir_complete(
+        layout.model("self")
+    )
     assert stage_done(store, layout, "self")

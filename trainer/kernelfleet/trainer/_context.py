@@ -10,6 +10,7 @@ kill, the next process downloads the newest complete checkpoint and resumes from
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -77,10 +78,8 @@ class StatusWriter:
             changes["metrics"] = merged
         self.current = self.current.model_copy(update={**changes, "updated_at": _now()})
         key = self.ctx.layout.status(self.stage.name, _millis(), self.current.step)
-        try:
+        with contextlib.suppress(ObjectConflict):
             self.ctx.store.put_json(key, self.current)
-        except ObjectConflict:  # two updates in the same millisecond: the first stands
-            pass
         return self.current
 
 
@@ -123,10 +122,8 @@ class StoreCallback(TrainerCallback):
             **values,
         }
         key = self.ctx.layout.metrics(self.stage.name, state.global_step, _millis())
-        try:
+        with contextlib.suppress(ObjectConflict):
             self.ctx.store.put_json(key, record)
-        except ObjectConflict:
-            pass
         self.status.update(step=state.global_step, max_steps=state.max_steps, metrics=values)
 
     def on_save(
@@ -134,7 +131,7 @@ class StoreCallback(TrainerCallback):
     ) -> None:
         if not state.is_world_process_zero:
             return
-        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        folder = Path(args.output_dir or ".") / f"checkpoint-{state.global_step}"
         if not folder.is_dir():
             log.warning("the trainer reported a save, but %s does not exist; nothing uploaded", folder)
             return
@@ -216,10 +213,8 @@ def upload_model(ctx: StageContext, local: Path, key: str) -> str:
 
 
 def write_done(ctx: StageContext, stage: TrainingStage, summary: dict[str, Any]) -> None:
-    try:
+    with contextlib.suppress(ObjectConflict):
         ctx.store.put_json(ctx.layout.done(stage.name), summary)
-    except ObjectConflict:
-        pass
 
 
 def reset_dir(path: Path) -> Path:

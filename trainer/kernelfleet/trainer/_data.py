@@ -57,7 +57,10 @@ def collect(
     exemplars: int = 2,
     seed: int = 0,
 ) -> dict[str, list[Verified]]:
-    """Run the loop over `tasks` with `policies` under `prefix`; correct variants per task hash, fastest first."""
+    """Run the loop over `tasks` with `policies` under `prefix`.
+
+    Returns the correct variants per task hash, fastest first.
+    """
     optimize(
         tasks,
         policies,
@@ -85,9 +88,10 @@ def read_verified(ctx: StageContext, tasks: Sequence[Task], prefix: str) -> dict
         for record in iter_samples(ctx.store, layout, task.hash, env.gpu_class):
             if not record.variant_hash or record.variant_hash in seen:
                 continue
-            result = results.get((task.hash, record.variant_hash))
-            if result is None or result.verdict != Verdict.CORRECT:
+            found_result = results.get((task.hash, record.variant_hash))
+            if found_result is None or found_result.verdict != Verdict.CORRECT:
                 continue
+            result = found_result
             speedup = result.speedup if result.speedup is not None else 1.0
             seen[record.variant_hash] = Verified(
                 task=task,
@@ -106,7 +110,7 @@ def read_verified(ctx: StageContext, tasks: Sequence[Task], prefix: str) -> dict
 
 
 def completion_text(item: Verified) -> str:
-    """The assistant's answer: the policy's own when it has all three sections, else one built around the code."""
+    """The assistant's answer: the policy's own when it has all three sections, else one around the code."""
     if item.answer:
         parsed = parse_answer(item.answer)
         if parsed.ok and not parsed.missing_sections:

@@ -27,7 +27,7 @@ import importlib.util
 import logging
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,6 +62,10 @@ from kernelfleet.trainer._sft import load_tokenizer, lora_config, save_final, us
 log = logging.getLogger(__name__)
 
 REWARD_COLUMN = "kf_reward"
+
+AnswerFilter = Callable[[Task, str, int], str]
+"""Rewrites a completion's text before it is parsed: (task, text, step) -> text. The GPU benchmark
+uses it to load the evaluator with real candidates while a random model generates."""
 
 
 class ContrastivePrompts:
@@ -110,7 +114,7 @@ class ContrastivePrompts:
         return self.dbs[task.hash].add(Entry(code=code, result=result, policy=policy, round=step))
 
     def seed_from(self, ctx: StageContext, prefixes: Sequence[str]) -> int:
-        """Load every correct variant of these tasks stored under `prefixes` (earlier stages, a resumed run)."""
+        """Load every correct variant of these tasks stored under `prefixes` (earlier stages, a resume)."""
         added = 0
         env = ctx.environment
         for prefix in prefixes:
@@ -171,6 +175,7 @@ class OverlappedRollout:
         *,
         timeout_s: float,
         policy_name: str = "grpo",
+        answer_filter: AnswerFilter | None = None,
     ) -> None:
         self.prompts = prompts
         self.backend = backend
@@ -179,6 +184,7 @@ class OverlappedRollout:
         self.timer = timer
         self.timeout_s = timeout_s
         self.policy_name = policy_name
+        self.answer_filter = answer_filter
         self.last_outcomes: list[Outcome] = []
         self.new_variants = 0
 
@@ -234,6 +240,8 @@ class OverlappedRollout:
             ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
             completions = self._generate(trainer, ids, len(members))
             texts = self.tokenizer.batch_decode(completions, skip_special_tokens=True)
+            if self.answer_filter is not None:
+                texts = [self.answer_filter(task, text, step) for text in texts]
             parsed = [parse_answer(text) for text in texts]
             codes = [answer.code for answer in parsed]
             errors = [answer.error for answer in parsed]
@@ -249,8 +257,8 @@ class OverlappedRollout:
             if future is not None:
                 try:
                     results = list(future.result(timeout=self.timeout_s))
-                except Exception as error:  # the evaluator failed, not the code: unscorable
-                    log.warning("rewards of a %s group could not be measured: %s", task.name, error)
+                except Exception as failure:  # the evaluator failed, not the code: unscorable
+                    log.warning("rewards of a %s group could not be measured: %s", task.name, failure)
                     results = []
             measured = iter(results)
             for code, error in zip(codes, errors, strict=True):
@@ -377,10 +385,12 @@ def run_grpo(
     train_tasks: list[Task],
     *,
     backend: RewardBackend | None = None,
+    answer_filter: AnswerFilter | None = None,
 ) -> GRPORun:
     """Stage 3 from start (or its last checkpoint) to a final model in the store.
 
-    `backend` replaces the one the stage's reward spec names (tests give a scripted one).
+    `backend` replaces the one the stage's reward spec names; `answer_filter` rewrites completions
+    before they are parsed (see `AnswerFilter`).
     """
     from datasets import Dataset
     from trl import GRPOTrainer
@@ -407,7 +417,13 @@ def run_grpo(
     tokenizer = load_tokenizer(model_path)
     timer = RewardTimer()
     rollout = OverlappedRollout(
-        prompts, reward_backend, RewardShaper(spec), tokenizer, timer, timeout_s=spec.timeout_seconds
+        prompts,
+        reward_backend,
+        RewardShaper(spec),
+        tokenizer,
+        timer,
+        timeout_s=spec.timeout_seconds,
+        answer_filter=answer_filter,
     )
     work = ctx.stage_dir(stage.name)
     output_dir = work / "trainer"

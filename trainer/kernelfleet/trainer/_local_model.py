@@ -35,7 +35,9 @@ class ModelShape:
     max_position_embeddings: int = 4096
 
 
-def build_local_model(path: str | Path, corpus: Iterable[str], shape: ModelShape | None = None, seed: int = 0) -> Path:
+def build_local_model(
+    path: str | Path, corpus: Iterable[str], shape: ModelShape | None = None, seed: int = 0
+) -> Path:
     """Train a tokenizer on `corpus`, build a random Llama of `shape`, save both to `path`."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers

@@ -8,6 +8,7 @@ written again with the new row.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -185,10 +186,8 @@ def write_report(run: Run) -> dict[str, Any]:
         "rows": rows,
         "table": format_report(rows),
     }
-    try:
+    with contextlib.suppress(ObjectConflict):
         run.store.put_json(run.layout.report(int(time.time() * 1000)), report)
-    except ObjectConflict:
-        pass
     return report
 
 

@@ -261,21 +261,18 @@ def _layout(config: RunConfig, args: argparse.Namespace) -> tuple[Any, TrainingL
 def status_command(args: argparse.Namespace) -> int:
     config = load_run_config(args.config)
     store, layout = _layout(config, args)
-    statuses = []
+    statuses: list[dict[str, Any]] = []
     for stage in config.spec.stages:
-        status = latest_stage_status(store, layout, stage.name)
-        statuses.append(
-            status.model_dump(mode="json") if status else {"name": stage.name, "phase": "Pending"}
-        )
+        found = latest_stage_status(store, layout, stage.name)
+        statuses.append(found.model_dump(mode="json") if found else {"name": stage.name, "phase": "Pending"})
     if args.json:
         print(json.dumps(statuses, indent=2))
         return 0
     for status in statuses:
         metrics = ", ".join(f"{k}={v:.4g}" for k, v in sorted(status.get("metrics", {}).items())[:8])
-        print(
-            f"{status['name']:<12} {status['phase']:<10} step {status.get('step', 0)}/{status.get('max_steps', 0)}"
-            f"  {status.get('checkpoint', '') or '-'}  {metrics}"
-        )
+        step = f"{status.get('step', 0)}/{status.get('max_steps', 0)}"
+        checkpoint = status.get("checkpoint", "") or "-"
+        print(f"{status['name']:<12} {status['phase']:<10} step {step}  {checkpoint}  {metrics}")
     return 0
 
 

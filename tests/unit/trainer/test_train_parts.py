@@ -1,0 +1,178 @@
+"""The trainer's parts that need no training: the held-out split, reward shaping, configs, the
+store layout of checkpoints and status, and the command line's one-stage configs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kernelfleet.core.errors import UsageError
+from kernelfleet.core.models import Environment, EvaluationResult, Verdict
+from kernelfleet.core.resources import HeldOutSpec, RewardSpec, StageType, TrainingStageStatus
+from kernelfleet.core.store import open_store
+from kernelfleet.core.tasks import load_tasks
+from kernelfleet.core.training import TrainingLayout, latest_checkpoint, latest_stage_status
+from kernelfleet.trainer._rewards import RewardShaper, batch_metrics
+from kernelfleet.trainer._spec import load_run_config, parse_spec
+from kernelfleet.trainer._split import split_tasks
+from kernelfleet.trainer.cli import register, single_config
+from tests.support.training import EXAMPLE_TASKS, ROOT
+
+ENV = Environment(device="cpu", gpu_class="cpu", evaluator_version="t")
+
+
+def result(verdict: str, speedup: float | None = None, reasons: tuple[str, ...] = ()) -> EvaluationResult:
+    return EvaluationResult(
+        task_hash="t",
+        variant_hash="v",
+        verdict=Verdict(verdict),
+        speedup=speedup,
+        reasons=reasons,
+        environment=ENV,
+    )
+
+
+# ---------------------------------------------------------------- held-out split
+
+
+def test_held_out_is_a_fixed_share_of_each_kernelbench_level_whatever_is_selected() -> None:
+    level1 = load_tasks("kernelbench-v0:1")
+    split = split_tasks(level1, HeldOutSpec())
+    assert len(split.held_out) == 20 and len(split.train) == 80
+    held = {task.task_id for task in split.held_out}
+    # A narrower selection holds out exactly the same tasks within it: the split is over the level.
+    part = load_tasks("kernelbench-v0:1:1-30")
+    narrow = split_tasks(part, HeldOutSpec())
+    assert {task.task_id for task in narrow.held_out} == {i for i in held if i is not None and i <= 30}
+    assert not {t.hash for t in narrow.train} & {t.hash for t in narrow.held_out}
+    # Another seed, another split; the same seed, the same split.
+    assert {t.task_id for t in split_tasks(level1, HeldOutSpec(seed=1)).held_out} != held
+    assert {t.task_id for t in split_tasks(level1, HeldOutSpec()).held_out} == held
+
+
+def test_held_out_of_task_files_and_explicit_selections() -> None:
+    tasks = load_tasks(str(EXAMPLE_TASKS))
+    split = split_tasks(tasks, HeldOutSpec(fraction=0.25, tasks=["kernelbench-v0:1:3"]))
+    assert len(split.held_out) == 2 and len(split.train) == 3
+    assert "1_3_Batched_matrix_multiplication" in {task.name for task in split.held_out}
+    assert split_tasks(tasks, HeldOutSpec(fraction=0.0)).held_out == ()
+
+
+# ---------------------------------------------------------------- rewards
+
+
+def test_outcomes_map_verdicts_to_raw_rewards() -> None:
+    shaper = RewardShaper(RewardSpec(rejected_penalty=-2.0, unparsable_penalty=-0.5, incorrect=0.0))
+    assert shaper.outcome(result("correct", 2.5)).raw == 2.5
+    assert shaper.outcome(result("correct", None)).raw == 1.0  # correct, speedup refused as noisy
+    assert shaper.outcome(result("incorrect", None, ("output-mismatch: x",))).raw == 0.0
+    rejected = shaper.outcome(result("rejected", None, ("side-stream-work: found",)))
+    assert rejected.raw == -2.0 and rejected.reason == "side-stream-work"
+    assert shaper.outcome(None, parse_error="no code").raw == -0.5
+    assert shaper.outcome(None).raw is None  # the evaluator failed: unscorable
+    assert shaper.outcome(result("runtime_error", None, ("reference-error: broken",))).raw is None
+
+
+def test_shaping_normalises_over_the_batch_and_clips() -> None:
+    shaper = RewardShaper(RewardSpec(clip=1.5))
+    shaped = shaper.shape([1.0, 1.0, 1.0, 50.0, None])
+    assert shaped[4] is None
+    assert max(v for v in shaped if v is not None) == 1.5  # the 50x outlier is clipped
+    assert shaped[0] is not None and shaped[0] < 0 and shaped[0] == shaped[1] == shaped[2]
+    assert shaper.shape([2.0, 2.0]) == [0.0, 0.0]
+    raw = RewardShaper(RewardSpec(normalize=False, clip=3.0)).shape([1.0, 10.0])
+    assert raw == [1.0, 3.0]
+
+
+def test_batch_metrics_count_shares_by_kind_and_reason() -> None:
+    shaper = RewardShaper()
+    outcomes = [
+        shaper.outcome(result("correct", 2.0)),
+        shaper.outcome(result("rejected", None, ("cached-output: memo",))),
+        shaper.outcome(None, parse_error="empty"),
+        shaper.outcome(result("incorrect", None, ("output-mismatch: x",))),
+    ]
+    metrics = batch_metrics(outcomes)
+    assert metrics["share/correct"] == 0.25 and metrics["share/rejected/cached-output"] == 0.25
+    assert metrics["share/unparsable"] == 0.25 and metrics["reward/speedup_max"] == 2.0
+
+
+# ---------------------------------------------------------------- configs
+
+
+def test_the_example_trainingrun_is_a_valid_config() -> None:
+    config = load_run_config(ROOT / "examples" / "trainingrun.yaml")
+    assert config.name == "coder-contrastive"
+    assert [stage.type for stage in config.spec.stages] == [
+        StageType.SFT,
+        StageType.SELF_TRAIN,
+        StageType.GRPO,
+    ]
+    assert config.spec.held_out.fraction == pytest.approx(0.2)
+
+
+def test_a_bare_spec_in_json_and_errors_that_say_what(tmp_path: Path) -> None:
+    spec = {"baseModel": "m", "tasks": ["kernelbench-v0:1:1"], "stages": [{"name": "a", "type": "sft"}]}
+    path = tmp_path / "my run.json"
+    path.write_text(json.dumps(spec))
+    config = load_run_config(path)
+    assert config.name == "my-run" and config.stage("a").type == StageType.SFT
+    with pytest.raises(UsageError, match="no stage 'b'"):
+        config.stage("b")
+    with pytest.raises(UsageError, match="stage names must be unique"):
+        parse_spec({**spec, "stages": [spec["stages"][0]] * 2}, "x", "x")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"kind": "TrainingRun", "spec": {**spec, "stages": []}}))
+    with pytest.raises(UsageError, match="not a valid TrainingRun spec"):
+        load_run_config(bad)
+
+
+def test_train_rl_flags_become_a_one_stage_run() -> None:
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    args = parser.parse_args(
+        [
+            "train",
+            "rl",
+            "kernelbench-v0:1:1-3",
+            "--model",
+            "/m/coder",
+            "--steps",
+            "5",
+            "--lora",
+            "--clip",
+            "2",
+        ]
+    )
+    config = single_config(args)
+    (stage,) = config.spec.stages
+    assert stage.type == StageType.GRPO and stage.grpo is not None and stage.reward is not None
+    assert stage.grpo.max_steps == 5 and stage.grpo.use_peft and stage.reward.clip == 2.0
+    with pytest.raises(UsageError, match="--policy"):
+        single_config(parser.parse_args(["train", "sft", "kernelbench-v0:1:1", "--model", "m"]))
+
+
+# ---------------------------------------------------------------- store layout
+
+
+def test_newest_complete_checkpoint_and_status(tmp_path: Path) -> None:
+    store = open_store(tmp_path / "store")
+    layout = TrainingLayout("trainingruns/ns/run/uid")
+    for step, attempt in ((2, "aa"), (4, "bb")):
+        folder = tmp_path / f"c{step}"
+        folder.mkdir()
+        (folder / "weights.bin").write_bytes(b"x" * step)
+        store.upload_dir(folder, layout.checkpoint("sft", step, attempt))
+    # A checkpoint whose upload was cut short (no manifest) never counts.
+    store.put_bytes(layout.checkpoint("sft", 6, "cc") + "/weights.bin", b"partial")
+    found = latest_checkpoint(store, layout, "sft")
+    assert found == (4, layout.checkpoint("sft", 4, "bb"))
+    assert latest_stage_status(store, layout, "sft") is None
+    store.put_json(layout.status("sft", 1, 0), TrainingStageStatus(name="sft", phase="Running"))
+    store.put_json(layout.status("sft", 2, 4), TrainingStageStatus(name="sft", phase="Succeeded", step=4))
+    status = latest_stage_status(store, layout, "sft")
+    assert status is not None and status.phase == "Succeeded" and status.step == 4
