@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from kernelfleet.core.resources import TrainingStageStatus
 from kernelfleet.core.store import MANIFEST_NAME, NotFound, Store
@@ -126,6 +127,12 @@ def latest_stage_status(store: Store, layout: TrainingLayout, stage: str) -> Tra
         return TrainingStageStatus.model_validate(store.get_json(keys[-1]))
     except NotFound:  # listed, then gone: only a test that wipes the store does this
         return None
+
+
+def latest_report(store: Store, layout: TrainingLayout) -> dict[str, Any] | None:
+    """The newest held-out report of the run, if one was written."""
+    keys = [key for key in store.list(layout.reports) if key.endswith(".json")]
+    return store.get_json(keys[-1]) if keys else None
 
 
 def stage_done(store: Store, layout: TrainingLayout, stage: str) -> bool:

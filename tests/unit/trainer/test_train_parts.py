@@ -176,3 +176,54 @@ def test_newest_complete_checkpoint_and_status(tmp_path: Path) -> None:
     store.put_json(layout.status("sft", 2, 4), TrainingStageStatus(name="sft", phase="Succeeded", step=4))
     status = latest_stage_status(store, layout, "sft")
     assert status is not None and status.phase == "Succeeded" and status.step == 4
+
+
+def test_train_status_reads_the_stages_from_the_store(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kernelfleet.core.cli import main
+
+    config_path = tmp_path / "run.yaml"
+    config_path.write_text(
+        yaml.safe_dump(
+            {
+                "kind": "TrainingRun",
+                "metadata": {"name": "demo"},
+                "spec": {
+                    "baseModel": "m",
+                    "tasks": [str(EXAMPLE_TASKS)],
+                    "stages": [{"name": "sft", "type": "sft"}, {"name": "rl", "type": "grpo"}],
+                },
+            }
+        )
+    )
+    store = open_store(tmp_path / "store")
+    layout = TrainingLayout("trainingruns/ns/demo/uid")
+    status = TrainingStageStatus(name="sft", phase="Running", step=3, max_steps=10, metrics={"loss": 1.5})
+    store.put_json(layout.status("sft", 5, 3), status)
+    argv = [
+        "train",
+        "status",
+        str(config_path),
+        "--store",
+        str(tmp_path / "store"),
+        "--prefix",
+        layout.prefix,
+    ]
+    assert main([*argv, "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(row["name"], row["phase"]) for row in rows] == [("sft", "Running"), ("rl", "Pending")]
+    assert rows[0]["step"] == 3 and rows[0]["metrics"] == {"loss": 1.5}
+    assert main(argv) == 0
+    assert "step 3/10" in capsys.readouterr().out
+    assert main(["train", "report", str(config_path), "--store", str(tmp_path / "store")]) == 1
+
+
+def test_rewards_from_a_service_need_the_evaluators_client() -> None:
+    import kernelfleet.evaluator as evaluator
+    from kernelfleet.trainer._rewards import ServiceRewardBackend
+
+    if hasattr(evaluator, "EvaluationClient"):
+        pytest.skip("the evaluator has its client: the service path is tested with the service")
+    with pytest.raises(UsageError, match="EvaluationClient"):
+        ServiceRewardBackend("http://127.0.0.1:1")

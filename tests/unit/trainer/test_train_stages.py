@@ -12,10 +12,10 @@ from transformers import TrainerCallback
 
 from kernelfleet.core.store import open_store
 from kernelfleet.core.tasks import load_tasks
-from kernelfleet.core.training import latest_checkpoint, latest_stage_status, stage_done
+from kernelfleet.core.training import latest_checkpoint, latest_report, latest_stage_status, stage_done
 from kernelfleet.search import build_messages
 from kernelfleet.trainer._context import load_jsonl
-from kernelfleet.trainer._runner import latest_report, open_run, run_stage
+from kernelfleet.trainer._runner import open_run, run_stage
 from tests.support.training import (
     EXAMPLE_CANDIDATES,
     EXAMPLE_TASKS,

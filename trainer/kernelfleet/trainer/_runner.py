@@ -29,17 +29,12 @@ from kernelfleet.trainer._grpo import run_grpo
 from kernelfleet.trainer._heldout import evaluate_held_out, format_report
 from kernelfleet.trainer._selftrain import run_selftrain
 from kernelfleet.trainer._sft import run_sft
-from kernelfleet.trainer._spec import RunConfig
+from kernelfleet.trainer._spec import RunConfig, default_prefix
 from kernelfleet.trainer._split import Split, split_tasks
 
 log = logging.getLogger(__name__)
 
 BASE_LABEL = "base-model"
-
-
-def default_prefix(config: RunConfig) -> str:
-    """Where a local run lives: derived from its name and spec, so the same config resumes."""
-    return f"trainingruns/local/{config.name}/{config.fingerprint}"
 
 
 def default_work_dir(prefix: str) -> Path:
@@ -189,8 +184,3 @@ def write_report(run: Run) -> dict[str, Any]:
     with contextlib.suppress(ObjectConflict):
         run.store.put_json(run.layout.report(int(time.time() * 1000)), report)
     return report
-
-
-def latest_report(store: Store, layout: TrainingLayout) -> dict[str, Any] | None:
-    keys = [key for key in store.list(layout.reports) if key.endswith(".json")]
-    return store.get_json(keys[-1]) if keys else None

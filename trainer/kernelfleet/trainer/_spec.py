@@ -56,6 +56,11 @@ class RunConfig:
         return self.spec.stages[index - 1] if index > 0 else None
 
 
+def default_prefix(config: RunConfig) -> str:
+    """Where a local run lives: derived from its name and spec, so the same config resumes."""
+    return f"trainingruns/local/{config.name}/{config.fingerprint}"
+
+
 def slug(text: str) -> str:
     return _NAME.sub("-", text.lower()).strip("-")[:40] or "run"
 

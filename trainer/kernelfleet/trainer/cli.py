@@ -34,8 +34,8 @@ from kernelfleet.core.resources import (
     TrainingStage,
 )
 from kernelfleet.core.store import open_store
-from kernelfleet.core.training import TrainingLayout, latest_stage_status
-from kernelfleet.trainer._spec import STAGE_COMMANDS, RunConfig, load_run_config, slug
+from kernelfleet.core.training import TrainingLayout, latest_report, latest_stage_status
+from kernelfleet.trainer._spec import STAGE_COMMANDS, RunConfig, default_prefix, load_run_config, slug
 
 
 def register(subcommands: argparse._SubParsersAction) -> None:
@@ -148,8 +148,6 @@ def _open(config: RunConfig, args: argparse.Namespace) -> Any:
 
 
 def _print_summary(run: Any, summaries: list[dict[str, Any]]) -> None:
-    from kernelfleet.trainer._runner import latest_report
-
     for summary in summaries:
         print(json.dumps(summary, sort_keys=True, default=str))
     report = latest_report(run.store, run.layout)
@@ -252,8 +250,6 @@ def single_command(args: argparse.Namespace) -> int:
 
 
 def _layout(config: RunConfig, args: argparse.Namespace) -> tuple[Any, TrainingLayout]:
-    from kernelfleet.trainer._runner import default_prefix
-
     store = open_store(args.store or config.spec.store or None)
     return store, TrainingLayout(args.prefix or default_prefix(config))
 
@@ -277,8 +273,6 @@ def status_command(args: argparse.Namespace) -> int:
 
 
 def report_command(args: argparse.Namespace) -> int:
-    from kernelfleet.trainer._runner import latest_report
-
     config = load_run_config(args.config)
     store, layout = _layout(config, args)
     report = latest_report(store, layout)
