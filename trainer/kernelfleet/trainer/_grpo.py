@@ -22,6 +22,7 @@ the stage, so after a kill the variant database is rebuilt from them and no vari
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import logging
@@ -197,8 +198,13 @@ class OverlappedRollout:
 
     def _generate(self, trainer: Any, prompt_ids: list[int], count: int) -> list[list[int]]:
         if getattr(trainer, "use_vllm", False):
+            # trl syncs the weights into vLLM before calling the rollout; the prompts are the
+            # group's, repeated, as trl's own generation passes them.
             _, completion_ids, _, _ = trainer.vllm_generation.generate(
-                prompts=[prompt_ids] * count, images=None, num_generations=count, profiler=None
+                prompts=[prompt_ids] * count,
+                images=None,
+                num_generations=count,
+                profiler=contextlib.nullcontext(),
             )
             return [list(ids) for ids in completion_ids]
         from trl.models.utils import unwrap_model_for_generation
