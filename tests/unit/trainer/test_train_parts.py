@@ -219,11 +219,34 @@ def test_train_status_reads_the_stages_from_the_store(
     assert main(["train", "report", str(config_path), "--store", str(tmp_path / "store")]) == 1
 
 
-def test_rewards_from_a_service_need_the_evaluators_client() -> None:
-    import kernelfleet.evaluator as evaluator
-    from kernelfleet.trainer._rewards import ServiceRewardBackend
+def test_rewards_from_the_evaluation_service_are_cached_in_the_store(tmp_path: Path) -> None:
+    """The service backend against a real `eval serve` on the CPU: a group with a repeated
+    variant is sent once per distinct variant, and a second group is answered from the store."""
+    from kernelfleet.evaluator import EvalConfig, EvaluationService, Evaluator, ServiceServer
+    from kernelfleet.trainer._rewards import ServiceRewardBackend, StoreResultCache
 
-    if hasattr(evaluator, "EvaluationClient"):
-        pytest.skip("the evaluator has its client: the service path is tested with the service")
-    with pytest.raises(UsageError, match="EvaluationClient"):
-        ServiceRewardBackend("http://127.0.0.1:1")
+    task = load_tasks(str(EXAMPLE_TASKS / "diag_matmul.py"))[0]
+    fast = (ROOT / "examples" / "candidates" / "diag_matmul__row_scale.py").read_text()
+    wrong = fast.replace("a.unsqueeze(1) * b", "a.unsqueeze(0) * b[:1]")
+    config = EvalConfig(
+        device="cpu",
+        correctness_trials=1,
+        timing_trials=3,
+        warmup=1,
+        max_speedup_cv=None,
+        speedup_recheck=None,
+    )
+    store = open_store(tmp_path / "store")
+    with Evaluator(config) as evaluator:
+        server = ServiceServer(EvaluationService(evaluator, max_queue=8), token="t0ken").start()
+        try:
+            cache = StoreResultCache(store, "trainingruns/ns/run/uid/stages/rl")
+            backend = ServiceRewardBackend(server.url, token="t0ken", cache=cache)
+            results = backend.submit([(task, fast), (task, wrong), (task, fast)]).result(timeout=300)
+            again = backend.submit([(task, fast)]).result(timeout=60)
+            backend.close()
+        finally:
+            server.stop()
+    assert [str(r.verdict) == "correct" for r in results] == [True, False, True]
+    assert results[0] is results[2] and again[0].variant_hash == results[0].variant_hash
+    assert len(list(store.list_results("trainingruns/ns/run/uid/stages/rl"))) == 2

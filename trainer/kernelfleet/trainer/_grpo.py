@@ -26,6 +26,7 @@ import contextlib
 import hashlib
 import importlib.util
 import logging
+import os
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -418,7 +419,9 @@ def run_grpo(
     log.info("variant database seeded with %d verified variants", seeded)
     cache = StoreResultCache(ctx.store, ctx.layout.stage(stage.name))
     own_backend = backend is None
-    reward_backend: RewardBackend = backend or make_backend(spec, ctx.evaluator, cache)
+    # The service's bearer token: from the Secret the spec names, mounted as this variable.
+    token = os.environ.get("KERNELFLEET_EVAL_TOKEN", "")
+    reward_backend: RewardBackend = backend or make_backend(spec, ctx.evaluator, cache, token)
     model_path = input_model(ctx, stage)
     tokenizer = load_tokenizer(model_path)
     timer = RewardTimer()

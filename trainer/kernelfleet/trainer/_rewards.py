@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from kernelfleet.core import reasons as R
-from kernelfleet.core.errors import UsageError
+from kernelfleet.core.hashing import source_hash
 from kernelfleet.core.models import EvaluationResult, ResultKey, Task, Verdict
 from kernelfleet.core.resources import RewardSpec
 from kernelfleet.core.store import Store
@@ -95,11 +95,11 @@ class LocalRewardBackend:
 
 
 class ServiceRewardBackend:
-    """`kernelfleet eval serve` at `url`, through `kernelfleet.evaluator.EvaluationClient`.
+    """`kernelfleet eval serve` at `url`, through the evaluator package's `EvaluationClient`.
 
-    The client is the evaluator package's (it owns the protocol); this class only adapts it to
-    `RewardBackend` and adds the store cache. Several groups may be in flight at once: the
-    service queues them over its GPUs.
+    A group goes to the service as one list (the service spreads it over its GPUs); several
+    groups may be in flight at once. Results are cached in the store like the local backend's,
+    keyed with the service's own GPU class and evaluator version, learnt from its first answer.
     """
 
     def __init__(
@@ -111,51 +111,61 @@ class ServiceRewardBackend:
         cache: StoreResultCache | None = None,
         groups_in_flight: int = 4,
     ) -> None:
-        try:
-            from kernelfleet.evaluator import EvaluationClient  # type: ignore[attr-defined]
-        except ImportError:
-            raise UsageError(
-                "rewards from an evaluation service need kernelfleet.evaluator.EvaluationClient, which this "
-                "kernelfleet-evaluator does not have; upgrade it, or leave reward.serviceUrl empty to "
-                "evaluate in-process"
-            ) from None
+        from kernelfleet.evaluator import EvaluationClient
+
         self.client = EvaluationClient(url, token=token or None)
         self.timeout_s = timeout_s
         self.cache = cache
+        self._environment: tuple[str, str] | None = None  # (gpu class, evaluator version)
         self._pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=groups_in_flight, thread_name_prefix="reward-service"
         )
 
+    def _key(self, task: Task, code: str) -> ResultKey | None:
+        if self._environment is None:
+            return None
+        gpu_class, version = self._environment
+        return ResultKey(
+            task_hash=task.hash,
+            variant_hash=source_hash(code),
+            gpu_class=gpu_class,
+            evaluator_version=version,
+        )
+
     def _run(self, items: list[tuple[Task, str]]) -> list[EvaluationResult]:
+        from kernelfleet.evaluator import result_from_json
+
         results: list[EvaluationResult | None] = [None] * len(items)
-        todo: list[int] = []
+        pending: dict[tuple[str, str], list[int]] = {}
         for index, (task, code) in enumerate(items):
             key = self._key(task, code)
             hit = self.cache.get(key) if self.cache is not None and key is not None else None
             if hit is not None:
                 results[index] = hit
             else:
-                todo.append(index)
-        if todo:
-            measured = self.client.evaluate_many([items[i] for i in todo], timeout=self.timeout_s)
-            for index, result in zip(todo, measured, strict=True):
-                results[index] = result
+                pending.setdefault((task.hash, source_hash(code)), []).append(index)
+        if pending:
+            firsts = [indices[0] for indices in pending.values()]
+            bodies = [
+                {"reference": items[i][0].code, "candidate": items[i][1], "name": items[i][0].name}
+                for i in firsts
+            ]
+            ids = self.client.submit_many(bodies)
+            answers = self.client.wait(ids, timeout=self.timeout_s)
+            for indices, answer in zip(pending.values(), answers, strict=True):
+                result = result_from_json(answer)
+                self._environment = (result.environment.gpu_class, result.environment.evaluator_version)
                 if self.cache is not None and R.REFERENCE_ERROR not in R.codes(result.reasons):
                     self.cache.put(result)
+                for index in indices:
+                    results[index] = result
         return [result for result in results if result is not None]
-
-    def _key(self, task: Task, code: str) -> ResultKey | None:
-        key_for = getattr(self.client, "key_for", None)
-        return key_for(task, code) if callable(key_for) else None
 
     def submit(self, items: Sequence[tuple[Task, str]]) -> concurrent.futures.Future[list[EvaluationResult]]:
         return self._pool.submit(self._run, list(items))
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
-        close = getattr(self.client, "close", None)
-        if callable(close):
-            close()
 
 
 # ---------------------------------------------------------------------- result -> reward
