@@ -13,7 +13,7 @@ from kernelfleet.evaluator import EvalConfig, Evaluator
 from kernelfleet.evaluator import reasons as R
 from tests.support import evaluator_cases as C
 
-FAST = {
+FAST: dict[str, Any] = {
     "device": "cpu",
     "correctness_trials": 3,
     "timing_trials": 5,
@@ -103,7 +103,7 @@ def test_honest_twin_passes(task_code: str, candidate: str, overrides: dict[str,
     assert result.reference is not None and result.candidate is not None
     # Adaptive timing takes whole batches of timing_trials rounds until the speedup settles.
     assert result.reference.trials == result.candidate.trials
-    assert result.candidate.trials % int(FAST["timing_trials"]) == 0
+    assert result.candidate.trials % FAST["timing_trials"] == 0
     assert result.max_abs_error is not None
 
 
