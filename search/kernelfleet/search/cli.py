@@ -20,6 +20,7 @@ from kernelfleet.core.errors import UsageError
 from kernelfleet.core.models import Environment, Task
 from kernelfleet.core.store import ObjectConflict, Store, open_store
 from kernelfleet.search._layout import RUN_ID, RunLayout, RunManifest
+from kernelfleet.search._locate import add_location_flags, open_run
 from kernelfleet.search._loop import Budget, LoopSettings, optimize
 from kernelfleet.search._progress import LiveProgress, QuietProgress
 from kernelfleet.search._report import (
@@ -28,7 +29,6 @@ from kernelfleet.search._report import (
     list_runs,
     load_run,
     render_html,
-    resolve_run,
 )
 from kernelfleet.search.policies._base import Policy, PolicyError
 from kernelfleet.search.policies._specs import SPEC_FORMS, PolicyOptions, make_policy
@@ -154,11 +154,13 @@ def register_results(subcommands: argparse._SubParsersAction) -> None:
     parser = subcommands.add_parser(
         "results",
         help="the results table of a run, and its best code",
-        description="Print the per-task table of RUN (an id from `kernelfleet optimize`, or a store prefix "
-        "such as optimizationjobs/NS/NAME/UID). Without RUN, list the runs in the store.",
+        description="Print the per-task table of RUN: an id from `kernelfleet optimize`, a store prefix such "
+        "as optimizationjobs/NS/NAME/UID, or a cluster resource (optimizationjob/NAME, or just NAME), whose "
+        "status says where its results are. Without RUN, list the runs in the store.",
     )
     parser.add_argument("run", nargs="?", metavar="RUN")
     _add_store(parser)
+    add_location_flags(parser)
     parser.add_argument("--code", action="store_true", help="also print the best code of every task")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.set_defaults(handler=run_results)
@@ -171,8 +173,9 @@ def register_report(subcommands: argparse._SubParsersAction) -> None:
         description="Write an HTML report of RUN: table, speedup distribution, per-task bars against the "
         "baselines, and the best code per task. One file, no external resources.",
     )
-    parser.add_argument("run", metavar="RUN")
+    parser.add_argument("run", metavar="RUN", help="a run id, a store prefix or a cluster resource (NAME)")
     _add_store(parser)
+    add_location_flags(parser)
     parser.add_argument(
         "-o",
         "--output",
@@ -352,7 +355,8 @@ def run_results(args: argparse.Namespace) -> int:
         else:
             print(f"no runs in {store.url}; start one with `kernelfleet optimize TASKS`", file=sys.stderr)
         return 0
-    report = load_run(store, resolve_run(store, args.run), with_code=args.code or args.json)
+    store, prefix = open_run(args)
+    report = load_run(store, prefix, with_code=args.code or args.json)
     if args.json:
         rows = []
         for outcome in report.outcomes:
@@ -381,8 +385,8 @@ def run_results(args: argparse.Namespace) -> int:
 
 
 def run_report(args: argparse.Namespace) -> int:
-    store = open_store(args.store)
-    report = load_run(store, resolve_run(store, args.run))
+    store, prefix = open_run(args)
+    report = load_run(store, prefix)
     slug = "".join(char if char.isalnum() or char in "._-" else "-" for char in report.name)
     output = Path(args.output or f"kernelfleet-report-{slug}.html")
     try:
