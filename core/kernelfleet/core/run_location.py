@@ -15,10 +15,14 @@ The reference forms are kubectl's: `optimizationjob/NAME` (or `kfopt/NAME`, `tra
 
 from __future__ import annotations
 
+import argparse
 import re
 from dataclasses import dataclass
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Any
+
+from kernelfleet.core.config import StoreConfig
 
 ENTRY_POINT_GROUP = "kernelfleet.run_locators"
 # kubectl's names for the two kinds (singular, plural, short name), as the CRDs declare them.
@@ -93,3 +97,35 @@ def locate_run(name: str, namespace: str | None = None, kind: str = "Optimizatio
         if location is not None:
             return location
     return None
+
+
+def add_location_flags(parser: argparse.ArgumentParser) -> None:
+    """Flags for a run that lives on a cluster: its namespace, and how this machine reaches its
+    store (whose endpoint inside the cluster may not be reachable from outside)."""
+    cluster = parser.add_argument_group("runs of cluster resources")
+    cluster.add_argument(
+        "-n", "--namespace", default=None, help="the resource's namespace (default: the kubeconfig's)"
+    )
+    cluster.add_argument(
+        "--s3-endpoint",
+        default=None,
+        metavar="HOST:PORT",
+        help="reach the store here instead of $KERNELFLEET_S3_ENDPOINT (e.g. through a port-forward)",
+    )
+    cluster.add_argument(
+        "--s3-credentials-dir",
+        default=None,
+        metavar="DIR",
+        help="files accesskey and secretkey (as in the store Secret) instead of $KERNELFLEET_S3_* keys",
+    )
+
+
+def store_config(args: argparse.Namespace) -> StoreConfig:
+    """The store configuration of the environment, with the flags of `add_location_flags` applied."""
+    overrides: dict[str, object] = {}
+    if getattr(args, "s3_endpoint", None):
+        overrides["endpoint"] = args.s3_endpoint
+    if getattr(args, "s3_credentials_dir", None):
+        overrides["credentials_dir"] = Path(args.s3_credentials_dir)
+        overrides["access_key"] = overrides["secret_key"] = None
+    return StoreConfig.from_env(None, **overrides)

@@ -56,3 +56,35 @@ def register_dev_cluster(subcommands: argparse._SubParsersAction) -> None:
     check = actions.add_parser("check", help="say what is built, running and healthy")
     _add_dir(check)
     check.set_defaults(handler=_lazy("kernelfleet.operator.devcluster._commands", "check"))
+
+
+def register_status(subcommands: argparse._SubParsersAction) -> None:
+    parser = subcommands.add_parser(
+        "status",
+        help="where OptimizationJobs and TrainingRuns stand on the cluster",
+        description="Without NAME: a table of the jobs and runs of a namespace (phase, tasks done of total, "
+        "best/median speedup per GPU class, conditions that need attention, age). With NAME: its per-class "
+        "table, conditions and recent Events.",
+    )
+    parser.add_argument("name", nargs="?", metavar="NAME")
+    parser.add_argument("-n", "--namespace", default=None, help="default: the kubeconfig context's")
+    parser.add_argument("-A", "--all-namespaces", action="store_true", help="every namespace")
+    parser.set_defaults(handler=_lazy("kernelfleet.operator.client._commands", "status"))
+
+
+def register_logs(subcommands: argparse._SubParsersAction) -> None:
+    from kernelfleet.core.run_location import add_location_flags
+
+    parser = subcommands.add_parser(
+        "logs",
+        help="the worker log lines of an OptimizationJob's tasks, from the store",
+        description="Without --task: the tasks that have logs. With --task: their lines, as the worker "
+        "pods wrote them to the store (there even after the pods are gone).",
+    )
+    parser.add_argument("name", metavar="NAME", help="the OptimizationJob")
+    parser.add_argument("--task", default=None, help="a task name (or its start, or the start of its hash)")
+    parser.add_argument(
+        "--class", dest="gpu_class", default=None, metavar="GPU_CLASS", help="only this class"
+    )
+    add_location_flags(parser)
+    parser.set_defaults(handler=_lazy("kernelfleet.operator.client._commands", "logs"))

@@ -6,42 +6,9 @@ from __future__ import annotations
 import argparse
 
 from kernelfleet.core import run_location
-from kernelfleet.core.config import StoreConfig
 from kernelfleet.core.errors import UsageError
 from kernelfleet.core.store import Store, open_store
 from kernelfleet.search._report import resolve_run
-
-
-def add_location_flags(parser: argparse.ArgumentParser) -> None:
-    """Flags for a run that lives on a cluster: its namespace, and how this machine reaches its store."""
-    cluster = parser.add_argument_group("runs of cluster resources (optimizationjob/NAME, or NAME)")
-    cluster.add_argument(
-        "-n", "--namespace", default=None, help="the resource's namespace (default: the kubeconfig's)"
-    )
-    cluster.add_argument(
-        "--s3-endpoint",
-        default=None,
-        metavar="HOST:PORT",
-        help="reach the store here instead of $KERNELFLEET_S3_ENDPOINT (e.g. through a port-forward)",
-    )
-    cluster.add_argument(
-        "--s3-credentials-dir",
-        default=None,
-        metavar="DIR",
-        help="files accesskey and secretkey (as in the store Secret) instead of $KERNELFLEET_S3_* keys",
-    )
-
-
-def _config(args: argparse.Namespace) -> StoreConfig:
-    overrides: dict[str, object] = {}
-    if getattr(args, "s3_endpoint", None):
-        overrides["endpoint"] = args.s3_endpoint
-    if getattr(args, "s3_credentials_dir", None):
-        from pathlib import Path
-
-        overrides["credentials_dir"] = Path(args.s3_credentials_dir)
-        overrides["access_key"] = overrides["secret_key"] = None
-    return StoreConfig.from_env(None, **overrides)
 
 
 def open_run(args: argparse.Namespace) -> tuple[Store, str]:
@@ -52,7 +19,7 @@ def open_run(args: argparse.Namespace) -> tuple[Store, str]:
     resource name, as an OptimizationJob; when neither knows it the local error is the one shown.
     """
     reference: str = args.run
-    config = _config(args)
+    config = run_location.store_config(args)
     namespace = getattr(args, "namespace", None)
     resource = run_location.resource_reference(reference)
     if resource is None:

@@ -18,9 +18,10 @@ from typing import Any
 
 from kernelfleet.core.errors import UsageError
 from kernelfleet.core.models import Environment, Task
+from kernelfleet.core.run_location import add_location_flags
 from kernelfleet.core.store import ObjectConflict, Store, open_store
 from kernelfleet.search._layout import RUN_ID, RunLayout, RunManifest
-from kernelfleet.search._locate import add_location_flags, open_run
+from kernelfleet.search._locate import open_run
 from kernelfleet.search._loop import Budget, LoopSettings, optimize
 from kernelfleet.search._progress import LiveProgress, QuietProgress
 from kernelfleet.search._report import (

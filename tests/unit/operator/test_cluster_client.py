@@ -1,0 +1,182 @@
+"""The cluster commands' pure parts: the status table and detail, what needs attention, where a
+resource's results are, which logs `--task` selects, and the error when there is no kubeconfig."""
+
+from __future__ import annotations
+
+import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kernelfleet.core.cli import main
+from kernelfleet.core.errors import UsageError
+from kernelfleet.core.store import open_store
+from kernelfleet.operator.client import _logs, run_location_of
+from kernelfleet.operator.client._status import attention, format_detail, format_list
+
+NOW = datetime.datetime(2026, 5, 1, 12, 0, 0, tzinfo=datetime.UTC)
+
+
+def _job(
+    name: str, minutes_old: float, status: dict[str, Any] | None = None, namespace: str = "team"
+) -> dict[str, Any]:
+    created = NOW - datetime.timedelta(minutes=minutes_old)
+    return {
+        "kind": "OptimizationJob",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "uid": f"uid-{name}",
+            "generation": 1,
+            "creationTimestamp": created.isoformat().replace("+00:00", "Z"),
+        },
+        "spec": {"tasks": ["kernelbench-v0:1:1-4"], "gpuClasses": ["h100", "a100"]},
+        "status": status or {},
+    }
+
+
+RUNNING = {
+    "phase": "Running",
+    "observedGeneration": 1,
+    "tasksTotal": 8,
+    "tasksDone": 3,
+    "tasksFailed": 1,
+    "variantsEvaluated": 40,
+    "bestSpeedup": 2.1,
+    "medianSpeedup": 1.4,
+    "results": "s3://kernelfleet/optimizationjobs/team/tuned/uid-tuned",
+    "perClass": {
+        "h100": {"tasksTotal": 4, "tasksDone": 3, "bestSpeedup": 2.1, "medianSpeedup": 1.4, "jobs": 1},
+        "a100": {"tasksTotal": 4, "tasksDone": 0, "tasksFailed": 1, "jobs": 1, "activePods": 1},
+    },
+    "conditions": [
+        {"type": "Accepted", "status": "True", "reason": "Planned", "message": "8 tasks on 2 classes"},
+        {
+            "type": "GpuClassUnavailable",
+            "status": "True",
+            "reason": "NoNodes",
+            "message": "no node has nvidia.com/gpu.product in [NVIDIA-L40]",
+        },
+    ],
+}
+
+
+def test_the_list_shows_progress_speedups_per_class_attention_and_age() -> None:
+    text = format_list(
+        [_job("tuned", 5, RUNNING), _job("fresh", 0.2), _job("orphan", 3)], all_namespaces=True, now=NOW
+    )
+    header, tuned, fresh, orphan = text.splitlines()
+    assert header.split()[:4] == ["NAMESPACE", "NAME", "KIND", "PHASE"]
+    assert "team" in tuned and "Running" in tuned and "3/8 (1 failed)" in tuned
+    assert "a100 -/-, h100 2.10x/1.40x" in tuned
+    assert "GpuClassUnavailable: NoNodes" in tuned and tuned.rstrip().endswith("5m")
+    # A job seconds old without status is normal; minutes old, the operator is missing.
+    assert "no operator" not in fresh and fresh.rstrip().endswith("12s")
+    assert "no operator has picked it up in 3m" in orphan
+
+
+def test_attention_names_failing_and_refused_conditions_only() -> None:
+    failed = {
+        "phase": "Failed",
+        "conditions": [
+            {"type": "Accepted", "status": "False", "reason": "UnknownGpuClass"},
+            {"type": "Failed", "status": "True", "reason": "Failed"},
+            {"type": "Running", "status": "False", "reason": "Stopped"},
+            {"type": "Complete", "status": "False"},
+        ],
+    }
+    assert attention(_job("bad", 1, failed), NOW) == ["Accepted: UnknownGpuClass", "Failed"]
+
+
+def test_the_detail_has_the_class_table_conditions_events_and_where_results_are() -> None:
+    events = [
+        {
+            "type": "Normal",
+            "reason": "Accepted",
+            "message": "8 tasks",
+            "lastTimestamp": "2026-05-01T11:56:00Z",
+            "metadata": {},
+        },
+        {
+            "type": "Warning",
+            "reason": "NoNodes",
+            "message": "class l40",
+            "lastTimestamp": "2026-05-01T11:58:00Z",
+            "metadata": {},
+        },
+    ]
+    text = format_detail(_job("tuned", 5, RUNNING), events, now=NOW)
+    assert text.startswith("OptimizationJob team/tuned: Running, age 5m")
+    assert "3 of 8 done, 1 failed; 40 variants evaluated; best 2.10x, median 1.40x" in text
+    assert "kernelfleet results tuned -n team" in text
+    h100 = next(line for line in text.splitlines() if line.startswith("h100"))
+    assert h100.split()[:6] == ["h100", "3/4", "0", "0", "2.10x", "1.40x"]
+    assert "GpuClassUnavailable  True" in text and "no node has nvidia.com/gpu.product" in text
+    assert (
+        "recent events:" in text
+        and "4m   Normal   Accepted  8 tasks" in text
+        and "2m   Warning  NoNodes" in text
+    )
+
+
+def test_the_detail_of_a_job_no_operator_saw_says_what_to_check() -> None:
+    text = format_detail(_job("orphan", 10), now=NOW)
+    assert "no status yet" in text and "is the operator running?" in text
+
+
+def test_results_are_found_in_the_status_or_their_absence_is_explained() -> None:
+    location = run_location_of(_job("tuned", 5, RUNNING))
+    assert (location.store_url, location.prefix) == (
+        "s3://kernelfleet",
+        "optimizationjobs/team/tuned/uid-tuned",
+    )
+    with pytest.raises(UsageError, match=r"team/new has no results yet \(Pending\)"):
+        run_location_of(_job("new", 1, {"phase": "Pending"}))
+
+
+def test_logs_by_task_name_hash_start_and_class(tmp_path: Path) -> None:
+    store = open_store(str(tmp_path))
+    prefix = "optimizationjobs/team/tuned/uid"
+    plan = {"tasks": [{"name": "1_1_matmul", "hash": "a" * 64}, {"name": "1_2_conv", "hash": "b" * 64}]}
+    store.put_json(f"{prefix}/plan.json", plan)
+    for key, text in [
+        (f"logs/search/h100/{'a' * 16}.log", "matmul on h100\n"),
+        (f"logs/search/h100/{'a' * 16}.1.log", "matmul retried\n"),
+        (f"logs/search/a100/{'b' * 16}.log", "conv failed: CUDA error\n"),
+        ("logs/search/a100/index-0-3-0.log", "pod started\n"),
+    ]:
+        store.put_bytes(f"{prefix}/{key}", text.encode())
+    files = _logs.log_files(store, prefix)
+    assert [(f.task or f.stem, f.gpu_class, f.attempt) for f in files] == [
+        ("1_1_matmul", "h100", 0),
+        ("1_1_matmul", "h100", 1),
+        ("1_2_conv", "a100", 0),
+        ("index-0-3-0", "a100", 0),
+    ]
+    matmul = _logs.select(files, "1_1_matmul", None)
+    assert [_logs.read_log(store, f) for f in matmul] == ["matmul on h100\n", "matmul retried\n"]
+    assert matmul[1].label == "1_1_matmul on h100 (search, attempt 2)"
+    assert [f.task for f in _logs.select(files, "1_2", None)] == ["1_2_conv"]
+    assert [f.task for f in _logs.select(files, "bbbb", None)] == ["1_2_conv"]
+    assert len(_logs.select(files, None, "a100")) == 2
+    with pytest.raises(UsageError, match="matches several tasks: 1_1_matmul, 1_2_conv"):
+        _logs.select(files, "1_", None)
+    with pytest.raises(UsageError, match="tasks with logs: 1_1_matmul, 1_2_conv"):
+        _logs.select(files, "softmax", None)
+    with pytest.raises(UsageError, match="classes with logs: a100, h100"):
+        _logs.select(files, None, "l40")
+
+
+def test_cluster_commands_without_a_kubeconfig_say_how_to_get_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    for argv in (["status"], ["status", "tuned"], ["logs", "tuned"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "no kubeconfig" in err and "eval $(kernelfleet dev-cluster env)" in err
+    assert main(["status", "tuned", "-A"]) == 2
+    assert "not both" in capsys.readouterr().err
