@@ -11,6 +11,30 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from kernelfleet.core.options import ModelOptions
+from kernelfleet.core.resources import OptimizationJobSpec, PolicySpec
+
+# Fields of the job spec that are plain flags of `submit`, when the spec has them.
+_SPEC_FLAGS = (
+    "parallelism",
+    "gpus_per_pod",
+    "tasks_per_index",
+    "queue_name",
+    "priority_class_name",
+    "backoff_limit_per_index",
+    "ttl_seconds_after_finished",
+    "active_deadline_seconds",
+)
+SPEC_OPTIONS = ModelOptions(
+    OptimizationJobSpec,
+    only=[name for name in _SPEC_FLAGS if name in OptimizationJobSpec.model_fields],
+    title="the cluster job",
+)
+# The language-model options of `optimize` that a job's policies carry.
+POLICY_SPEC_OPTIONS = ModelOptions(
+    PolicySpec, only=["temperature", "concurrency"], title="language-model policies (openai, hf, vllm)"
+)
+
 
 def _lazy(module: str, function: str) -> Any:
     def handler(args: argparse.Namespace) -> int:
@@ -88,3 +112,71 @@ def register_logs(subcommands: argparse._SubParsersAction) -> None:
     )
     add_location_flags(parser)
     parser.set_defaults(handler=_lazy("kernelfleet.operator.client._commands", "logs"))
+
+
+def register_submit(subcommands: argparse._SubParsersAction) -> None:
+    from kernelfleet.core.job_options import BUDGET_OPTIONS, EVALUATION_OPTIONS
+
+    parser = subcommands.add_parser(
+        "submit",
+        help="run an optimisation on the cluster: `optimize`'s flags, as an OptimizationJob",
+        description="Turn TASKS and the flags of `kernelfleet optimize` into an OptimizationJob (local task "
+        "and replay files are uploaded to the store first), or create the OptimizationJobs and TrainingRuns "
+        "of a manifest file (-f). Prints each resource's name; --wait follows it to the end and prints the "
+        "results table.",
+    )
+    parser.add_argument(
+        "tasks",
+        nargs="*",
+        metavar="TASKS",
+        help="task files (.py), directories of them, KernelBench selections (kernelbench-v0:1:1-20) or "
+        "store URLs of task folders",
+    )
+    parser.add_argument(
+        "-f", "--filename", dest="file", default=None, metavar="FILE", help="manifests ('-': stdin)"
+    )
+    parser.add_argument(
+        "--gpu-class",
+        action="append",
+        dest="gpu_classes",
+        metavar="CLASS",
+        help="repeatable; a pool class of the cluster (default: h100)",
+    )
+    if "verify_on" in OptimizationJobSpec.model_fields:
+        parser.add_argument(
+            "--verify-on",
+            action="append",
+            dest="verify_on",
+            metavar="CLASS",
+            help="repeatable; re-verify and re-time each task's best variant on this class afterwards",
+        )
+    parser.add_argument(
+        "--policy",
+        action="append",
+        dest="policies",
+        metavar="SPEC",
+        help="repeatable; compile, replay:FILE.jsonl, openai:MODEL@URL, hf:MODEL, vllm:MODEL "
+        "(default: compile)",
+    )
+    parser.add_argument(
+        "--api-key-secret",
+        default=None,
+        metavar="SECRET",
+        help="a Secret (key apiKey) with the openai endpoint's key",
+    )
+    BUDGET_OPTIONS.add_to(parser)
+    evaluation = parser.add_argument_group("evaluation")
+    EVALUATION_OPTIONS.add_to(evaluation)
+    POLICY_SPEC_OPTIONS.add_to(parser)
+    SPEC_OPTIONS.add_to(parser)
+    parser.add_argument(
+        "--store",
+        default=None,
+        metavar="URL",
+        help="the job's store, s3://bucket/prefix (default: the operator's); local files are uploaded there "
+        "(or to $KERNELFLEET_STORE)",
+    )
+    parser.add_argument("-n", "--namespace", default=None, help="default: the kubeconfig context's")
+    parser.add_argument("--name", default=None, help="the resource's name (default: derived from the spec)")
+    parser.add_argument("--wait", action="store_true", help="follow it to the end and print the results")
+    parser.set_defaults(handler=_lazy("kernelfleet.operator.client._commands", "submit"))

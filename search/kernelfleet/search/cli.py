@@ -17,10 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from kernelfleet.core.errors import UsageError
+from kernelfleet.core.job_options import BUDGET_OPTIONS, EVALUATION_OPTIONS, parse_duration
 from kernelfleet.core.models import Environment, Task
 from kernelfleet.core.options import Flag, ModelOptions
 from kernelfleet.core.run_location import add_location_flags
-from kernelfleet.core.settings import Budget, EvaluationSettings, LocalSettings
+from kernelfleet.core.settings import LocalSettings
 from kernelfleet.core.store import ObjectConflict, Store, open_store
 from kernelfleet.search._layout import RUN_ID, RunLayout, RunManifest
 from kernelfleet.search._locate import open_run
@@ -36,27 +37,10 @@ from kernelfleet.search._report import (
 from kernelfleet.search.policies._base import Policy, PolicyError
 from kernelfleet.search.policies._specs import SPEC_FORMS, PolicyOptions, make_policy
 
-
-def _seconds(text: str) -> float:
-    """`90`, `90s`, `15m` or `2h`, in seconds; whether the value is allowed is the field's to say."""
-    units = {"s": 1.0, "m": 60.0, "h": 3600.0}
-    number, unit = (text[:-1], text[-1]) if text and text[-1] in units else (text, "s")
-    try:
-        return float(number) * units[unit]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a duration: write 90, 90s, 15m or 2h") from None
-
-
 # The options of `optimize`, generated from the settings models: their defaults, bounds and
-# help are the fields'. The flag names are the command line's own.
-BUDGET_OPTIONS = ModelOptions(
-    Budget,
-    Flag("samples_per_round", "--samples"),
-    Flag("wall_time_seconds", "--wall-time", parse=_seconds, metavar="DURATION"),
-    title="budget",
-)
+# help are the fields'. Budget and evaluation flags are shared with `kernelfleet submit`.
+_seconds = parse_duration
 DEVICE_OPTIONS = ModelOptions(LocalSettings)
-EVALUATION_OPTIONS = ModelOptions(EvaluationSettings)
 SEARCH_OPTIONS = ModelOptions(
     LoopSettings,
     Flag("verify_best", "--no-verify", help="skip re-verifying the best variant"),

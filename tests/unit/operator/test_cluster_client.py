@@ -3,6 +3,7 @@ resource's results are, which logs `--task` selects, and the error when there is
 
 from __future__ import annotations
 
+import argparse
 import datetime
 from pathlib import Path
 from typing import Any
@@ -11,8 +12,9 @@ import pytest
 
 from kernelfleet.core.cli import main
 from kernelfleet.core.errors import UsageError
+from kernelfleet.core.resources import OptimizationJobSpec
 from kernelfleet.core.store import open_store
-from kernelfleet.operator.client import _logs, run_location_of
+from kernelfleet.operator.client import _logs, _submit, run_location_of
 from kernelfleet.operator.client._status import attention, format_detail, format_list
 
 NOW = datetime.datetime(2026, 5, 1, 12, 0, 0, tzinfo=datetime.UTC)
@@ -180,3 +182,151 @@ def test_cluster_commands_without_a_kubeconfig_say_how_to_get_one(
         assert "no kubeconfig" in err and "eval $(kernelfleet dev-cluster env)" in err
     assert main(["status", "tuned", "-A"]) == 2
     assert "not both" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------- submit
+
+
+def _subparser(command: str) -> argparse.ArgumentParser:
+    from kernelfleet.core.cli import build_parser
+
+    root = build_parser()
+    action = next(a for a in root._actions if isinstance(a, argparse._SubParsersAction))
+    parser: argparse.ArgumentParser = action.choices[command]
+    return parser
+
+
+def _options(parser: argparse.ArgumentParser, group: str) -> set[str]:
+    found = next(g for g in parser._action_groups if g.title == group)
+    return {name for action in found._group_actions for name in action.option_strings}
+
+
+def test_submit_takes_the_budget_and_evaluation_flags_of_optimize() -> None:
+    optimize, submit = _subparser("optimize"), _subparser("submit")
+    for group in ("budget", "evaluation"):
+        assert _options(optimize, group) - {"--device"} == _options(submit, group), group
+    assert {"--temperature", "--concurrency"} <= _options(
+        submit, "language-model policies (openai, hf, vllm)"
+    )
+
+
+def test_policies_become_policy_specs_and_local_files_are_uploaded(tmp_path: Path) -> None:
+    uploads = _submit.Uploads(None)
+    uploads._store = open_store(str(tmp_path / "store"))
+    compile_spec = _submit.policy_spec("compile", uploads)
+    assert compile_spec.kind == "compile"
+    openai = _submit.policy_spec(
+        "openai:qwen@http://vllm:8000/v1", uploads, api_key_secret="key", temperature=0.5
+    )
+    assert (openai.model, openai.base_url, openai.api_key_secret, openai.temperature) == (
+        "qwen",
+        "http://vllm:8000/v1",
+        "key",
+        0.5,
+    )
+    assert _submit.policy_spec("replay:s3://b/r.jsonl", uploads).path == "s3://b/r.jsonl"
+    replay = tmp_path / "candidates.jsonl"
+    replay.write_text('{"task": "double", "code": "x"}\n')
+    uploaded = _submit.policy_spec(f"replay:{replay}", uploads).path
+    assert uploaded.endswith(".jsonl") and "uploads/replay/" in uploaded
+    assert _submit.policy_spec(f"replay:{replay}", uploads).path == uploaded  # content-addressed
+    for bad, why in [
+        ("compile:cudagraph", "every torch.compile variant"),
+        ("openai:qwen", "a model and an endpoint"),
+        ("gpt", "unknown kind 'gpt'"),
+        ("replay:missing.jsonl", "cannot read the replay file"),
+    ]:
+        with pytest.raises(UsageError, match=why):
+            _submit.policy_spec(bad, uploads)
+
+
+def test_local_tasks_are_uploaded_as_a_folder_the_operator_reads(tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parents[3]
+    uploads = _submit.Uploads(None)
+    uploads._store = open_store(str(tmp_path / "store"))
+    selections = _submit.task_selections([str(root / "examples" / "tasks"), "kernelbench-v0:1:1-2"], uploads)
+    folder, kernelbench = selections
+    assert kernelbench == "kernelbench-v0:1:1-2" and "/uploads/tasks/" in folder and folder.endswith("/")
+    key = folder.split("/store/", 1)[1]
+    names = sorted(k.rsplit("/", 1)[-1] for k in uploads.store().list(key))
+    assert names == sorted(p.name for p in (root / "examples" / "tasks").glob("*.py"))
+    with pytest.raises(UsageError, match="level 1 has no task ids"):
+        _submit.task_selections(["kernelbench-v0:1:9999"], uploads)
+
+
+def test_local_files_need_a_store_the_cluster_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KERNELFLEET_STORE", raising=False)
+    with pytest.raises(UsageError, match="pass --store s3://bucket/prefix"):
+        _submit.Uploads(None).store()
+    with pytest.raises(UsageError, match="is not on S3"):
+        _submit.Uploads("/tmp/store").store()
+
+
+def test_manifests_are_checked_before_they_reach_the_cluster(tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parents[3]
+    documents = _submit.read_manifests(str(root / "examples" / "optimizationjob.yaml"))
+    assert [d["kind"] for d in documents] == ["OptimizationJob"]
+    assert _submit.read_manifests(str(root / "examples" / "trainingrun.yaml"))[0]["kind"] == "TrainingRun"
+    bad = tmp_path / "bad.yaml"
+    for text, message in [
+        (
+            "kind: Pod\napiVersion: v1\nmetadata: {name: p}\n",
+            "kind 'Pod' is not OptimizationJob or TrainingRun",
+        ),
+        (
+            "kind: OptimizationJob\napiVersion: kernelfleet.io/v1alpha1\nmetadata: {name: j}\n"
+            "spec: {tasks: [kernelbench-v0:1:1], budget: {rounds: 0}}\n",
+            r"spec\.budget\.rounds: Input should be greater than or equal to 1",
+        ),
+        (
+            "kind: OptimizationJob\napiVersion: kernelfleet.io/v1alpha1\nmetadata: {name: j}\n"
+            "spec: {tasks: [kernelbench-v0:1:1], gpuClasses: [H100]}\n",
+            r"spec\.gpuClasses\[0\]",
+        ),
+        ("kind: OptimizationJob\napiVersion: kernelfleet.io/v1\nmetadata: {name: j}\n", "apiVersion must be"),
+        (
+            "kind: OptimizationJob\napiVersion: kernelfleet.io/v1alpha1\nspec: {}\n",
+            "metadata.name is missing",
+        ),
+        ("{", "not valid YAML"),
+    ]:
+        bad.write_text(text)
+        with pytest.raises(UsageError, match=message):
+            _submit.read_manifests(str(bad))
+
+
+def test_the_same_command_derives_the_same_name() -> None:
+    spec = OptimizationJobSpec(tasks=["kernelbench-v0:1:1-3"], gpu_classes=["h100"])
+    again = OptimizationJobSpec(tasks=["kernelbench-v0:1:1-3"], gpu_classes=["h100"])
+    other = OptimizationJobSpec(tasks=["kernelbench-v0:1:1-3"], gpu_classes=["a100"])
+    name = _submit.derived_name("OptimizationJob", spec)
+    assert name.startswith("opt-") and name == _submit.derived_name("OptimizationJob", again)
+    assert name != _submit.derived_name("OptimizationJob", other)
+
+
+def test_following_ends_on_success_or_failure() -> None:
+    frames = iter(
+        [
+            _job("j", 1, {}),
+            _job("j", 1, {"phase": "Running", "tasksTotal": 4, "tasksDone": 1}),
+            _job("j", 1, {"phase": "Running", "tasksTotal": 4, "tasksDone": 1}),
+            _job(
+                "j",
+                1,
+                {
+                    "phase": "Succeeded",
+                    "tasksTotal": 4,
+                    "tasksDone": 4,
+                    "perClass": {"h100": {"bestSpeedup": 1.5}},
+                },
+            ),
+        ]
+    )
+    said: list[str] = []
+    final = _submit.follow(lambda: next(frames), said.append, interval_s=0)
+    assert _submit.succeeded(final)
+    assert len(said) == 3  # an unchanged line is not repeated
+    assert said[1].startswith("[######------------------] j: Running, 1/4")
+    assert said[2].startswith("[########################] j: Succeeded, 4/4") and "h100 1.50x/-" in said[2]
+    failed = _job("j", 1, {"phase": "Failed", "conditions": [{"type": "Failed", "status": "True"}]})
+    assert _submit.finished(failed) and not _submit.succeeded(failed)
