@@ -29,6 +29,7 @@ def _state(directory: Path, *records: ProcessRecord) -> ClusterState:
         directory=str(directory),
         kubeconfig=str(directory / "admin.kubeconfig"),
         api_server="https://127.0.0.1:6443",
+        ca_file=str(directory / "ca.crt"),
         store_url="s3://kernelfleet",
         s3_endpoint="127.0.0.1:9000",
         s3_access_key="kf-key",

@@ -66,6 +66,7 @@ class ClusterState(BaseModel):
     directory: str
     kubeconfig: str
     api_server: str
+    ca_file: str
     store_url: str
     s3_endpoint: str
     s3_access_key: str
@@ -161,6 +162,7 @@ class DevCluster:
                 directory=str(self.directory),
                 kubeconfig=str(plane.kubeconfig),
                 api_server=plane.apiserver.url,
+                ca_file=str(plane.apiserver.pki.ca_cert),
                 store_url=f"s3://{BUCKET}",
                 s3_endpoint=minio.endpoint,
                 s3_access_key=minio.access_key,

@@ -97,6 +97,20 @@ def write_kubeconfig(path: Path, server: str, ca: Path, cert: Path, key: Path, u
     path.write_text(yaml.safe_dump(config))
 
 
+def write_token_kubeconfig(path: Path, server: str, ca: Path, token: str, user: str) -> None:
+    """A kubeconfig that authenticates with a bearer token (a ServiceAccount's)."""
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "dev", "cluster": {"server": server, "certificate-authority": str(ca)}}],
+        "users": [{"name": user, "user": {"token": token}}],
+        "contexts": [{"name": "dev", "context": {"cluster": "dev", "user": user}}],
+        "current-context": "dev",
+    }
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+
+
 class KubeApiServer:
     """kube-apiserver with RBAC, client-certificate auth and service-account tokens."""
 

@@ -122,12 +122,13 @@ class ServerProcess:
         ready: Callable[[], bool],
         env: Mapping[str, str] | None = None,
         ready_timeout: float = 60.0,
+        inherit_env: bool = True,
     ) -> None:
         self.name = name
         self.argv = list(argv)
         self.workdir = workdir
         self.ready = ready
-        self.env = {**os.environ, **(env or {})}
+        self.env = {**(os.environ if inherit_env else {}), **(env or {})}
         self.ready_timeout = ready_timeout
         self.log_path = workdir / f"{name}.log"
         self._proc: subprocess.Popen[bytes] | None = None
