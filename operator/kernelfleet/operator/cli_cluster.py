@@ -67,7 +67,13 @@ def register_dev_cluster(subcommands: argparse._SubParsersAction) -> None:
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     up = actions.add_parser("up", help="start the cluster (build the servers first if needed)")
     _add_dir(up)
-    up.add_argument("--nodes-per-pool", type=int, default=2, help="fake nodes per GPU pool (8 GPUs each)")
+    up.add_argument(
+        "--kwok-nodes-per-pool",
+        type=int,
+        default=0,
+        help="kwok nodes per GPU pool, which complete pods without running them (default: 0)",
+    )
+    up.add_argument("--no-operator", action="store_true", help="leave out the operator and the pod runner")
     up.add_argument("--no-build", action="store_true", help="fail instead of building missing servers")
     up.set_defaults(handler=_lazy("kernelfleet.operator.devcluster._commands", "up"))
     down = actions.add_parser("down", help="stop the cluster")
@@ -80,6 +86,14 @@ def register_dev_cluster(subcommands: argparse._SubParsersAction) -> None:
     check = actions.add_parser("check", help="say what is built, running and healthy")
     _add_dir(check)
     check.set_defaults(handler=_lazy("kernelfleet.operator.devcluster._commands", "check"))
+    demo = actions.add_parser(
+        "demo", help="up, submit a small job on the example tasks, follow it, print its results, down"
+    )
+    _add_dir(demo)
+    demo.add_argument("--gpu-class", default="h100", help="the pool to run on (default: h100)")
+    demo.add_argument("--keep", action="store_true", help="leave the cluster running afterwards")
+    demo.add_argument("--no-build", action="store_true", help="fail instead of building missing servers")
+    demo.set_defaults(handler=_lazy("kernelfleet.operator.devcluster._commands", "demo"))
 
 
 def register_status(subcommands: argparse._SubParsersAction) -> None:

@@ -2,8 +2,8 @@
 command which started it.
 
 `DevCluster.up` starts the same servers the e2e tier uses (etcd, kube-apiserver,
-kube-controller-manager, kube-scheduler, kwok with two nodes in each of four GPU pools) plus
-MinIO with a `kernelfleet` bucket, each in its own session, and writes what another process
+kube-controller-manager, kube-scheduler, kwok, optionally with nodes in the four GPU pools)
+plus MinIO with a `kernelfleet` bucket, each in its own session, and writes what another process
 needs to find and stop them into `cluster.json` in the cluster's directory. `DevCluster.load`
 reads it back; `down` stops every recorded process. The directory is private (mode 700): it
 holds the admin client key and MinIO's credentials.
@@ -39,7 +39,9 @@ BUCKET = "kernelfleet"
 STATE_FILE = "cluster.json"
 # Every binary `up` starts, so that a missing one is reported before anything starts.
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "minio", "helm")
-NODES_PER_POOL = 2
+# kwok nodes complete pods without running them: none by default, so that every pod of a job
+# lands on the pod runner's nodes and really runs.
+KWOK_NODES_PER_POOL = 0
 
 
 def default_directory() -> Path:
@@ -128,7 +130,7 @@ class DevCluster:
 
     # ------------------------------------------------------------------ up
 
-    def up(self, nodes_per_pool: int = NODES_PER_POOL) -> ClusterState:
+    def up(self, kwok_nodes_per_pool: int = KWOK_NODES_PER_POOL) -> ClusterState:
         """Start the control plane, the GPU nodes and MinIO; return their state.
 
         Raises UsageError when a cluster already runs here (its processes are alive), and
@@ -152,7 +154,8 @@ class DevCluster:
         try:
             plane = ControlPlane.start(self.directory / "kube")
             plane.add_cluster_components()
-            _create_nodes(plane.kubeconfig, nodes_per_pool)
+            if kwok_nodes_per_pool:
+                _create_nodes(plane.kubeconfig, kwok_nodes_per_pool)
             minio = self._minio()
             minio.start()
             started.append(minio.process)
@@ -216,7 +219,7 @@ class DevCluster:
 
 
 def _create_nodes(kubeconfig: Path, per_pool: int) -> None:
-    """Two fake nodes per pool (GPU Feature Discovery labels, 8 GPUs each), waited on until Ready."""
+    """kwok nodes in each pool (GPU Feature Discovery labels, 8 GPUs each), waited on until Ready."""
     from kubernetes import client, config
 
     api_client = config.new_client_from_config(config_file=str(kubeconfig))

@@ -55,16 +55,46 @@ def ensure_binaries(allow_build: bool) -> None:
     _say(f"built the servers in {seconds / 60:.1f} minutes")
 
 
+def start(cluster: DevCluster, kwok_nodes_per_pool: int = 0, with_operator: bool = True) -> ClusterState:
+    """Servers, MinIO, the chart, and (unless told not to) the operator and the pod runner."""
+    from kernelfleet.operator.devcluster._install import install, operator_process
+    from kernelfleet.operator.devcluster._services import pod_runner_process
+
+    started = time.monotonic()
+    _say(f"starting the dev cluster in {cluster.directory} ...")
+    state = cluster.up(kwok_nodes_per_pool=kwok_nodes_per_pool)
+    try:
+        elapsed = time.monotonic() - started
+        _say(f"control plane and MinIO up ({elapsed:.0f}s); installing the chart with helm ...")
+        install(state)
+        if with_operator:
+            operator = operator_process(state)
+            operator.start()
+            state = cluster.add_processes(operator.record())
+            runner = pod_runner_process(state)
+            runner.start()
+            state = cluster.add_processes(runner.record())
+    except BaseException:
+        cluster.down()
+        raise
+    _say(f"dev cluster up in {time.monotonic() - started:.0f}s")
+    return state
+
+
 def up(args: argparse.Namespace) -> int:
     cluster = _cluster(args)
     ensure_binaries(allow_build=not args.no_build)
-    started = time.monotonic()
-    _say(f"starting the dev cluster in {cluster.directory} ...")
-    state = cluster.up(nodes_per_pool=args.nodes_per_pool)
+    state = start(cluster, args.kwok_nodes_per_pool, with_operator=not args.no_operator)
+    running = (
+        ""
+        if args.no_operator
+        else "; the operator (from the chart) and a pod runner playing one node per pool"
+    )
     _say(
-        f"dev cluster up in {time.monotonic() - started:.0f}s: API server {state.api_server}, "
-        f"{args.nodes_per_pool * 4} fake GPU nodes (a100, h100, l40, rtx3090), MinIO at {state.s3_endpoint} "
-        f"(store {state.store_url}).\nPoint your shell at it:  eval $(kernelfleet dev-cluster env)\n"
+        f"API server {state.api_server}, MinIO at {state.s3_endpoint} (store {state.store_url}), "
+        f"the chart installed in namespace kernelfleet-system{running}.\n"
+        "Point your shell at it:  eval $(kernelfleet dev-cluster env)\n"
+        "Submit a job:            kernelfleet submit examples/tasks --gpu-class h100 --wait\n"
         "Stop it:                 kernelfleet dev-cluster down"
     )
     return 0
@@ -117,3 +147,60 @@ def check(args: argparse.Namespace) -> int:
         _say(f"  {line}")
     _say("ok" if problems == 0 else f"{problems} problem(s)")
     return 0 if problems == 0 else 1
+
+
+def demo(args: argparse.Namespace) -> int:
+    """The cluster path end to end on this machine: up, submit, follow, results, down."""
+    import os
+
+    from kernelfleet.core.cli import main as kernelfleet
+    from kernelfleet.operator.devcluster._install import find_chart
+
+    examples = find_chart().parent.parent / "examples"
+    cluster = _cluster(args)
+    ensure_binaries(allow_build=not args.no_build)
+    current = cluster.load()
+    fresh = current is None or bool(current.dead())
+    if current is not None and fresh:
+        cluster.down()
+    state = start(cluster) if fresh else _running(cluster)
+    saved = dict(os.environ)
+    try:
+        os.environ.update(state.env())
+        argv = [
+            "submit",
+            str(examples / "tasks"),
+            "--gpu-class",
+            args.gpu_class,
+            "--policy",
+            "compile",
+            "--policy",
+            f"replay:{examples / 'candidates.jsonl'}",
+            "--rounds",
+            "1",
+            "--samples",
+            "2",
+            "--timing-trials",
+            "10",
+            "--correctness-trials",
+            "1",
+            "--warmup",
+            "1",
+            "--parallelism",
+            "2",
+            "--tasks-per-index",
+            "2",
+            "--wait",
+        ]
+        _say("$ kernelfleet " + " ".join(argv))
+        status = kernelfleet(argv)
+        if status == 0:
+            _say("\n$ kernelfleet status")
+            kernelfleet(["status"])
+        return status
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+        if fresh and not args.keep:
+            cluster.down()
+            _say("dev cluster stopped (--keep leaves it running)")
