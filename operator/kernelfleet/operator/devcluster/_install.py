@@ -160,38 +160,54 @@ def _ensure_secret(core: Any, namespace: str, state: ClusterState) -> None:
         core.replace_namespaced_secret(STORE_SECRET, namespace, body)
 
 
-def operator_process(state: ClusterState, extra_args: tuple[str, ...] = ()) -> ServerProcess:
+def operator_process(state: ClusterState) -> ServerProcess:
+    """The dev cluster's operator: the chart's Deployment in kernelfleet-system, run locally."""
+    return chart_operator_process(
+        kubeconfig=Path(state.kubeconfig),
+        api_server=state.api_server,
+        ca_file=Path(state.ca_file),
+        namespace=NAMESPACE,
+        deployment=f"{FULLNAME}-operator",
+        workdir=Path(state.directory) / "operator",
+    )
+
+
+def chart_operator_process(
+    *, kubeconfig: Path, api_server: str, ca_file: Path, namespace: str, deployment: str, workdir: Path
+) -> ServerProcess:
     """The operator the chart deploys, as a local process running as the chart's ServiceAccount.
 
     Its command, environment, pools file and store credentials are the Deployment's; only the
-    places a pod has of its own (mount paths, its network) are local stand-ins.
+    places a pod has of its own (mount paths, its network) are local stand-ins, and its metrics
+    listen on 127.0.0.1 (a pod's 0.0.0.0 is its own network; this machine's is not).
     """
     from kubernetes import client, config
 
-    workdir = Path(state.directory) / "operator"
-    api_client = config.new_client_from_config(config_file=state.kubeconfig)
+    api_client = config.new_client_from_config(config_file=str(kubeconfig))
     try:
         apps: Any = client.AppsV1Api(api_client)
         core: Any = client.CoreV1Api(api_client)
-        deployment = api_client.sanitize_for_serialization(
-            apps.read_namespaced_deployment(f"{FULLNAME}-operator", NAMESPACE)
-        )
-        template = deployment["spec"]["template"]
-        template.setdefault("metadata", {})["namespace"] = NAMESPACE
+        template = api_client.sanitize_for_serialization(
+            apps.read_namespaced_deployment(deployment, namespace)
+        )["spec"]["template"]
+        template.setdefault("metadata", {})["namespace"] = namespace
         account = template["spec"].get("serviceAccountName") or "default"
         token = core.create_namespaced_service_account_token(
-            account, NAMESPACE, {"spec": {"expirationSeconds": 7 * 24 * 3600}}
+            account, namespace, {"spec": {"expirationSeconds": 7 * 24 * 3600}}
         ).status.token
-        kubeconfig = workdir / "operator.kubeconfig"
         workdir.mkdir(parents=True, exist_ok=True)
-        write_token_kubeconfig(kubeconfig, state.api_server, Path(state.ca_file), token, account)
+        operator_kubeconfig = workdir / "operator.kubeconfig"
+        write_token_kubeconfig(operator_kubeconfig, api_server, ca_file, token, account)
         base_env = {key: value for key, value in os.environ.items() if not key.startswith("KERNELFLEET_")}
-        base_env["KUBECONFIG"] = str(kubeconfig)
+        base_env.pop("KUBECONFIG", None)
+        base_env["KUBECONFIG"] = str(operator_kubeconfig)
         command = local_command(template, api_reader(core), workdir, base_env=base_env)
     finally:
         api_client.close()
-    argv = [*command.argv, *extra_args]
-    health = next((local for port, local in command.ports.items() if port == 8080), None)
+    argv = list(command.argv)
+    if any(arg.startswith("--metrics-port") for arg in argv):
+        argv.append("--metrics-host=127.0.0.1")
+    health = command.ports.get(8080)
     return ServerProcess(
         "kernelfleet-operator",
         argv,
