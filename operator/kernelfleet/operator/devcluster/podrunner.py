@@ -8,11 +8,10 @@ status), `PodRunner` plays the kubelet of one or more nodes of its own:
   node status heartbeats and a Lease, as a kubelet does, so the node lifecycle controller
   leaves it alone;
 - for every pod the scheduler binds to one of its nodes it starts the pod's first container's
-  command on this machine (`kernelfleet ...` runs this Python's CLI) with the container's
-  environment: values, Secret references, and the downward API's fields and annotations
-  (JOB_COMPLETION_INDEX comes that way). Volume mounts become directories of the runner's
-  (emptyDir empty, Secret volumes filled from the Secret), and environment values that point
-  into a mount point into its directory instead;
+  command on this machine with the container's environment and volumes, as `_localpod`
+  translates them (`kernelfleet ...` runs this Python's CLI; Secret references and the
+  downward API's fields and annotations, JOB_COMPLETION_INDEX among them; volume mounts as
+  directories of the runner's, and paths into them rewritten);
 - it reports the pod Running, then Succeeded or Failed with the container's exit code (the
   Jobs' pod failure policy reads it), and it kills the process when the pod is deleted.
 
@@ -23,10 +22,8 @@ Only nodes named here are touched: kwok's nodes and their pods are not.
 
 from __future__ import annotations
 
-import base64
 import logging
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -37,6 +34,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from kernelfleet.operator.devcluster._localpod import api_reader, local_command
 
 log = logging.getLogger("kernelfleet.podrunner")
 
@@ -241,20 +240,22 @@ class PodRunner:
 
         container = pod.spec.containers[0]
         workdir = self.workdir / f"{pod.metadata.namespace}-{pod.metadata.name}"
-        mounts = self._mounts(pod, container, workdir)
-        env = {**os.environ, **self.env}
-        for variable in container.env or []:
-            value = self._env_value(pod, variable)
-            if value is not None:
-                env[variable.name] = _remap(value, mounts)
-        argv = list(container.command or []) + list(container.args or [])
-        if argv and argv[0] == "kernelfleet":
-            argv = [self.python, "-m", "kernelfleet.core.cli", *argv[1:]]
-        argv = [_remap(arg, mounts) for arg in argv]
+        command = local_command(
+            self.api_client.sanitize_for_serialization(pod),
+            api_reader(self.core),
+            workdir,
+            base_env={**os.environ, **self.env},
+            python=self.python,
+        )
         log_path = workdir / "container.log"
         with open(log_path, "ab") as output:
             process = subprocess.Popen(
-                argv, env=env, cwd=workdir, stdout=output, stderr=subprocess.STDOUT, start_new_session=True
+                command.argv,
+                env=command.env,
+                cwd=workdir,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         self._running[pod.metadata.uid] = _Running(
             pod.metadata.name, pod.metadata.namespace, pod.metadata.uid, process, workdir, log_path
@@ -368,62 +369,6 @@ class PodRunner:
         if running.process.poll() is None:
             os.killpg(running.process.pid, signal.SIGKILL)
             running.process.wait(timeout=30)
-
-    # ------------------------------------------------------------------ environment and volumes
-
-    def _env_value(self, pod: Any, variable: Any) -> str | None:
-        if variable.value_from is None:
-            return str(variable.value) if variable.value is not None else ""
-        source = variable.value_from
-        if source.secret_key_ref is not None:
-            ref = source.secret_key_ref
-            secret = self.core.read_namespaced_secret(ref.name, pod.metadata.namespace)
-            raw = (secret.data or {}).get(ref.key)
-            return base64.b64decode(raw).decode() if raw is not None else None
-        if source.field_ref is not None:
-            return _field(pod, source.field_ref.field_path)
-        return None
-
-    def _mounts(self, pod: Any, container: Any, workdir: Path) -> dict[str, Path]:
-        """Each mount point of the container -> a local directory with the volume's content."""
-        volumes = {v.name: v for v in pod.spec.volumes or []}
-        mounts: dict[str, Path] = {}
-        for mount in container.volume_mounts or []:
-            local = workdir / "volumes" / mount.name
-            if local.exists():
-                shutil.rmtree(local)
-            local.mkdir(parents=True)
-            volume = volumes.get(mount.name)
-            if volume is not None and volume.secret is not None:
-                secret = self.core.read_namespaced_secret(volume.secret.secret_name, pod.metadata.namespace)
-                data = secret.data or {}
-                items = volume.secret.items or [type("Item", (), {"key": k, "path": k}) for k in data]
-                for item in items:
-                    if item.key in data:
-                        (local / item.path).write_bytes(base64.b64decode(data[item.key]))
-            mounts[mount.mount_path] = local
-        return mounts
-
-
-def _remap(value: str, mounts: Mapping[str, Path]) -> str:
-    """A path inside a mount point, as the local directory that stands for it."""
-    for mount_path in sorted(mounts, key=len, reverse=True):
-        if value == mount_path or value.startswith(mount_path.rstrip("/") + "/"):
-            return str(mounts[mount_path]) + value[len(mount_path.rstrip("/")) :]
-    return value
-
-
-def _field(pod: Any, path: str) -> str | None:
-    """The downward API: metadata.name/namespace/uid, and metadata.annotations['...'] / labels."""
-    meta = pod.metadata
-    simple = {"metadata.name": meta.name, "metadata.namespace": meta.namespace, "metadata.uid": meta.uid,
-              "spec.nodeName": pod.spec.node_name}  # fmt: skip
-    if path in simple:
-        return str(simple[path])
-    for prefix, values in (("metadata.annotations", meta.annotations), ("metadata.labels", meta.labels)):
-        if path.startswith(prefix + "['") and path.endswith("']"):
-            return (values or {}).get(path[len(prefix) + 2 : -2])
-    return None
 
 
 def wait_until(what: str, check: Any, timeout: float, interval: float = 0.5) -> Any:
