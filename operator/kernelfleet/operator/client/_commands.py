@@ -94,8 +94,9 @@ def _say(text: str) -> None:
 
 
 def _pool_classes(cluster: Any) -> list[str] | None:
-    """The GPU classes of the installed chart's pools ConfigMap; None when it cannot be read
-    (the user may not list ConfigMaps cluster-wide: then the operator's condition reports it)."""
+    """The GPU classes of the installed charts' pools ConfigMaps (all releases together); None
+    when none can be read (a user may not list ConfigMaps cluster-wide: then the operator's
+    `Accepted=False` condition reports an unknown class instead)."""
     import yaml
     from kubernetes.client.exceptions import ApiException
 
@@ -105,14 +106,18 @@ def _pool_classes(cluster: Any) -> list[str] | None:
         ).items
     except ApiException:
         return None
+    classes: set[str] = set()
+    found = False
     for config_map in maps:
         text = (config_map.data or {}).get("pools.yaml")
-        if text:
-            try:
-                return sorted((yaml.safe_load(text) or {}).get("classes") or {})
-            except yaml.YAMLError:
-                return None
-    return None
+        if not text:
+            continue
+        try:
+            classes.update((yaml.safe_load(text) or {}).get("classes") or {})
+            found = True
+        except yaml.YAMLError:
+            continue
+    return sorted(classes) if found else None
 
 
 def _check_classes(cluster: Any, classes: Sequence[str], what: str) -> None:
