@@ -20,14 +20,15 @@ from kernelfleet.core.errors import UsageError
 from kernelfleet.core.job_options import BUDGET_OPTIONS, EVALUATION_OPTIONS, parse_duration
 from kernelfleet.core.models import Environment, Task
 from kernelfleet.core.options import Flag, ModelOptions
-from kernelfleet.core.run_location import add_location_flags
+from kernelfleet.core.run_location import add_location_flags, store_config
 from kernelfleet.core.settings import LocalSettings
-from kernelfleet.core.store import ObjectConflict, Store, open_store
+from kernelfleet.core.store import CorruptObject, ObjectConflict, Store, open_store
 from kernelfleet.search._layout import RUN_ID, RunLayout, RunManifest
 from kernelfleet.search._locate import open_run
 from kernelfleet.search._loop import LoopSettings, optimize
 from kernelfleet.search._progress import LiveProgress, QuietProgress
 from kernelfleet.search._report import (
+    RunReport,
     format_best_code,
     format_table,
     list_runs,
@@ -35,6 +36,7 @@ from kernelfleet.search._report import (
     render_html,
 )
 from kernelfleet.search.policies._base import Policy, PolicyError
+from kernelfleet.search.policies._replay import ReplayPolicy
 from kernelfleet.search.policies._specs import SPEC_FORMS, PolicyOptions, make_policy
 
 # The options of `optimize`, generated from the settings models: their defaults, bounds and
@@ -164,6 +166,24 @@ def _load_tasks(selections: list[str]) -> list[Task]:
     return list(tasks.values())
 
 
+def _check_replay_rows(policies: Sequence[Policy], tasks: Sequence[Task]) -> None:
+    """Replay rows must name tasks of the run: a typo would otherwise end in "0 variants",
+    with nothing said."""
+    for policy in policies:
+        if not isinstance(policy, ReplayPolicy):
+            continue
+        stray = sorted({row.task for row in policy.rows if not any(row.matches(task) for task in tasks)})
+        if not stray:
+            continue
+        names = ", ".join(task.name for task in tasks[:10]) + (", ..." if len(tasks) > 10 else "")
+        if len(stray) == len({row.task for row in policy.rows}):
+            raise UsageError(
+                f"no row of the replay file names a task of this run: the rows name {', '.join(stray[:10])}; "
+                f"the tasks are {names}. Check the task names in the file"
+            )
+        _warn(f"replay rows for {', '.join(stray[:10])} name no task of this run (the tasks are {names})")
+
+
 def evaluator_environment(evaluator: Any) -> Environment:
     """The environment the evaluator measures in: its GPU class and version key the results."""
     environment = getattr(evaluator, "environment", None)
@@ -185,10 +205,25 @@ def write_manifest(store: Store, layout: RunLayout, manifest: RunManifest) -> No
     try:
         store.put_json(layout.manifest, manifest)
     except ObjectConflict:
+        try:
+            store.read_model(layout.manifest, RunManifest)
+        except CorruptObject as error:
+            # The run's other objects are intact and keyed by content: carry on without it.
+            _warn(f"{error}; carrying on without it")
+            return
         raise UsageError(
             f"run {manifest.run_id} already exists in {store.url} with other tasks, policies or device; "
             "choose another --run, or leave --run out to get an id derived from the inputs"
         ) from None
+
+
+def _warn(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr)
+
+
+def _warn_skipped(report: RunReport) -> None:
+    for message in report.skipped:
+        _warn(f"left out: {message}")
 
 
 def run_optimize(args: argparse.Namespace) -> int:
@@ -205,6 +240,7 @@ def run_optimize(args: argparse.Namespace) -> int:
         for spec in specs:
             policies.append(make_policy(spec, options))
         tasks = _load_tasks(args.tasks)
+        _check_replay_rows(policies, tasks)
         store = open_store(args.store)
 
         from kernelfleet.evaluator import BASELINE_MODES, EvalConfig, Evaluator
@@ -260,6 +296,7 @@ def run_optimize(args: argparse.Namespace) -> int:
         print(json.dumps([summary.model_dump(mode="json") for summary in summaries], indent=2))
         return 0
     report = load_run(store, layout.prefix, with_code=False)
+    _warn_skipped(report)
     wanted = {task.hash for task in tasks}
     outcomes = [o for o in report.outcomes if o.task.hash in wanted and o.gpu_class == environment.gpu_class]
     print(format_table(outcomes))
@@ -276,8 +313,8 @@ def run_optimize(args: argparse.Namespace) -> int:
 
 
 def run_results(args: argparse.Namespace) -> int:
-    store = open_store(args.store)
     if args.run is None:
+        store = open_store(args.store, store_config(args))
         runs = list_runs(store)
         if args.json:
             print(json.dumps(runs))
@@ -288,6 +325,7 @@ def run_results(args: argparse.Namespace) -> int:
         return 0
     store, prefix = open_run(args)
     report = load_run(store, prefix, with_code=args.code or args.json)
+    _warn_skipped(report)
     if args.json:
         rows = []
         for outcome in report.outcomes:
@@ -318,6 +356,7 @@ def run_results(args: argparse.Namespace) -> int:
 def run_report(args: argparse.Namespace) -> int:
     store, prefix = open_run(args)
     report = load_run(store, prefix)
+    _warn_skipped(report)
     slug = "".join(char if char.isalnum() or char in "._-" else "-" for char in report.name)
     output = Path(args.output or f"kernelfleet-report-{slug}.html")
     try:
