@@ -85,7 +85,7 @@ def test_submit_creates_once_and_status_shows_what_no_operator_has_seen(
     spec = as_admin.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "optimizationjobs", name)[
         "spec"
     ]
-    assert spec["gpuClasses"] == ["a100"] and spec["budget"] == {"rounds": 2}
+    assert spec["gpuClasses"] == ["a100"] and spec["budget"]["rounds"] == 2
 
     assert kernelfleet(["status", "-n", namespace]) == 0
     listing = capsys.readouterr().out

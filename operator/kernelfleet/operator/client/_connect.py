@@ -72,21 +72,13 @@ class Cluster:
 
     def crds_installed(self) -> bool:
         """Whether the API server serves kernelfleet.io/v1alpha1 (discovery is open to every user)."""
-        from kubernetes.client.exceptions import ApiException
+        from kubernetes import client
 
-        try:
-            self.api_client.call_api(
-                f"/apis/{GROUP}/{VERSION}",
-                "GET",
-                auth_settings=["BearerToken"],
-                response_type="object",
-                _request_timeout=REQUEST_TIMEOUT_S,
-            )
-        except ApiException as error:
-            if error.status == 404:
-                return False
-            raise
-        return True
+        groups = client.ApisApi(self.api_client).get_api_versions(_request_timeout=REQUEST_TIMEOUT_S).groups
+        return any(
+            group.name == GROUP and any(v.version == VERSION for v in group.versions or [])
+            for group in groups or []
+        )
 
     def require_crds(self) -> None:
         with api_errors(self):
