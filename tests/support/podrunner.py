@@ -143,8 +143,9 @@ class PodRunner:
     def __post_init__(self) -> None:
         from kubernetes import client
 
-        self.core = client.CoreV1Api(self.api_client)
-        self.coordination = client.CoordinationV1Api(self.api_client)
+        # Typed loosely: the runner passes plain dicts, which the client accepts.
+        self.core: Any = client.CoreV1Api(self.api_client)
+        self.coordination: Any = client.CoordinationV1Api(self.api_client)
         self.workdir.mkdir(parents=True, exist_ok=True)
 
     # ------------------------------------------------------------------ lifecycle

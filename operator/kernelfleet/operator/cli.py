@@ -130,7 +130,7 @@ def run_operator(args: argparse.Namespace) -> int:
     if args.status_interval is not None:
         overrides["status_interval_s"] = args.status_interval
         overrides["min_patch_interval_s"] = args.status_interval
-    settings = settings_from_env(**overrides)
+    settings = settings_from_env(None, **overrides)
     options = RunOptions(
         namespaces=tuple(args.namespaces or ()),
         all_namespaces=args.all_namespaces,
