@@ -54,6 +54,49 @@ class Variant(Frozen):
         return normalize_source(self.code)
 
 
+ISOLATION_LEVELS = ("process", "landlock", "bubblewrap", "bubblewrap+landlock")
+"""How a candidate was walled in, weakest first (docs/sandbox.md): its own process apart from
+the judge; plus a Landlock domain; a bubblewrap sandbox; both."""
+
+
+def isolation_rank(level: str) -> int:
+    """Position of `level` in ISOLATION_LEVELS; -1 for '' (a result from before the sandbox)."""
+    return ISOLATION_LEVELS.index(level) if level in ISOLATION_LEVELS else -1
+
+
+_SIZE_UNITS = {
+    "": 1,
+    "k": 1000,
+    "m": 1000**2,
+    "g": 1000**3,
+    "t": 1000**4,
+    "ki": 1024,
+    "mi": 1024**2,
+    "gi": 1024**3,
+    "ti": 1024**4,
+}
+
+
+def parse_bytes(text: str | int) -> int:
+    """'8G', '8GB', '512Mi', '1.5g' or a plain number of bytes -> bytes. G is 10^9 and Gi 2^30,
+    as in Kubernetes quantities; ValueError names what is accepted."""
+    if isinstance(text, int):
+        value = text
+    else:
+        raw = text.strip().lower().removesuffix("b")
+        number = raw.rstrip("kmgti")
+        unit = raw[len(number) :]
+        try:
+            value = int(float(number) * _SIZE_UNITS[unit])
+        except (KeyError, ValueError):
+            raise ValueError(
+                f"{text!r} is not a size: use a number of bytes or one with a unit, e.g. 512Mi, 8G, 16Gi"
+            ) from None
+    if value <= 0:
+        raise ValueError(f"{text!r} must be a positive size")
+    return value
+
+
 class Verdict(enum.StrEnum):
     CORRECT = "correct"
     INCORRECT = "incorrect"
@@ -114,6 +157,11 @@ class EvaluationResult(Frozen):
         description="Seconds per stage: process_start, cuda_init, build, reference, candidate_load, "
         "correctness, lane_wait, timing, recheck.",
     )
+    isolation: str = Field(
+        default="",
+        description="How the candidate was walled in (one of ISOLATION_LEVELS; '' for results written "
+        "before the sandbox existed).",
+    )
 
     @property
     def key(self) -> ResultKey:
@@ -123,6 +171,18 @@ class EvaluationResult(Frozen):
             gpu_class=self.environment.gpu_class,
             evaluator_version=self.environment.evaluator_version,
         )
+
+    @property
+    def final(self) -> bool:
+        """Whether this result is the last word on its key. Not final: a correct candidate whose
+        timing could not be settled (noisy, perhaps because another evaluation shared the
+        device), and a result of a failed judge (the evaluator's fault, not the candidate's).
+        Caches and the optimisation loop keep such results apart, and a resumed run measures
+        again."""
+        codes = {text.split(":", 1)[0].strip() for text in self.reasons}
+        if "judge-failed" in codes:
+            return False
+        return not (self.verdict == Verdict.CORRECT and self.speedup is None and "timing-noisy" in codes)
 
     @property
     def reference_ms(self) -> float | None:

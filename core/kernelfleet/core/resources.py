@@ -12,8 +12,10 @@ from __future__ import annotations
 import enum
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
+
+from kernelfleet.core.models import ISOLATION_LEVELS, parse_bytes
 
 GROUP = "kernelfleet.io"
 VERSION = "v1alpha1"
@@ -64,6 +66,34 @@ class EvaluationSpec(_Spec):
     )
     correctness_trials: int = Field(default=5, ge=1, le=1000)
     timing_trials: int = Field(default=100, ge=10, le=100000)
+    timeout_seconds: float = Field(
+        default=300,
+        gt=0,
+        description="Longest one evaluation (load, check, time) may take; then it is killed.",
+    )
+    memory_limit: str | None = Field(
+        default=None,
+        description="Host memory one candidate may allocate, e.g. '16Gi'; empty: half of the node's memory.",
+    )
+    min_isolation: str | None = Field(
+        default=None,
+        description="Refuse to evaluate below this isolation level: process, landlock, bubblewrap, "
+        "bubblewrap+landlock.",
+    )
+
+    @field_validator("memory_limit")
+    @classmethod
+    def _check_memory_limit(cls, value: str | None) -> str | None:
+        if value:
+            parse_bytes(value)
+        return value or None
+
+    @field_validator("min_isolation")
+    @classmethod
+    def _check_isolation(cls, value: str | None) -> str | None:
+        if value and value not in ISOLATION_LEVELS:
+            raise ValueError(f"min_isolation {value!r}: choose one of {', '.join(ISOLATION_LEVELS)}")
+        return value or None
 
 
 class OptimizationJobSpec(_Spec):

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from kernelfleet.evaluator._version import EVALUATOR_VERSION
 
 ProfileName = Literal["strict", "strict-tf32", "kernelbench-v0"]
+IsolationName = Literal["process", "landlock", "bubblewrap", "bubblewrap+landlock"]
 BASELINE_MODES = ("eager", "compile", "compile-reduce-overhead", "cudagraph")
 
 
@@ -174,6 +175,26 @@ class EvalConfig(BaseModel):
         "machine); None keeps torch's default.",
     )
     timing: bool = Field(default=True, description="False: correctness only, no speedup.")
+    isolation: Literal["auto"] | IsolationName = Field(
+        default="auto",
+        description="How candidates are walled in (docs/sandbox.md); 'auto': the strongest this machine "
+        "offers.",
+    )
+    min_isolation: IsolationName | None = Field(
+        default=None,
+        description="Refuse to evaluate when the machine cannot wall candidates in at least this well.",
+    )
+    memory_limit_bytes: int | None = Field(
+        default=None,
+        gt=0,
+        description="Host memory a candidate's process may allocate (heap and private mappings); None: half "
+        "of the machine's memory.",
+    )
+    scratch_bytes: int = Field(
+        default=4 * 1024**3,
+        gt=0,
+        description="Size of the sandbox's private /tmp, and the largest file a candidate may write.",
+    )
     baseline_modes: tuple[str, ...] = BASELINE_MODES
     baseline_trials: int | None = Field(default=None, description="None: timing_trials.")
 

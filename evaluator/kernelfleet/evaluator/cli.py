@@ -2,7 +2,9 @@
 
     kernelfleet eval --reference REF.py --candidate CAND.py [--device cpu|cuda|cuda:N]
                      [--profile strict|strict-tf32|kernelbench-v0] [--trials N] [--json]
+                     [--timeout S] [--memory-limit SIZE] [--min-isolation LEVEL]
     kernelfleet eval serve [--host H] [--port P] [--token-file F] [--device D] [--max-queue N]
+    kernelfleet eval isolation [--min-isolation LEVEL]
 
 The exit status is 0 whenever an evaluation completed, whatever the verdict, and 2 for bad
 usage or an unreadable file (or a reference that fails on its own), with a message that says
@@ -24,7 +26,8 @@ from pydantic import ValidationError
 
 from kernelfleet.core import reasons as R
 from kernelfleet.core.errors import UsageError
-from kernelfleet.core.models import EvaluationResult, Task
+from kernelfleet.core.evaluation_options import add_sandbox_options, sandbox_values
+from kernelfleet.core.models import ISOLATION_LEVELS, EvaluationResult, Task, isolation_rank
 from kernelfleet.core.tasks import missing_task_names
 from kernelfleet.evaluator._config import BASELINE_MODES, PROFILES, EvalConfig
 from kernelfleet.evaluator._evaluator import Evaluator
@@ -59,7 +62,7 @@ def register(subcommands: argparse._SubParsersAction) -> None:
         "--float64-reference", action="store_true", help="compare fp32 outputs to an fp64 run"
     )
     parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--timeout", type=float, default=None, metavar="S", help="per-process limit (300 s)")
+    add_sandbox_options(parser)
     parser.add_argument("--baselines", action="store_true", help="also time eager, torch.compile, CUDA graph")
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     parser.set_defaults(handler=run)
@@ -83,11 +86,30 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     serve.add_argument("--trials", type=int, default=None, metavar="N", help="timed calls of each side")
     serve.add_argument("--correctness-trials", type=int, default=None, metavar="N")
     serve.add_argument("--warmup", type=int, default=None, metavar="N")
-    serve.add_argument("--timeout", type=float, default=None, metavar="S", help="per-process limit")
+    add_sandbox_options(serve)
     serve.add_argument("--lane-slots", type=int, default=None, metavar="N", help="processes per device")
     serve.set_defaults(
         handler=run_serve, require_kernel=False, float64_reference=False, seed=None, json=False
     )
+    isolation = actions.add_parser(
+        "isolation",
+        help="how well this machine can wall candidates in",
+        description="Detect bubblewrap, Landlock and seccomp, and print the isolation level candidates "
+        "will run at (docs/sandbox.md). Exit status 1 when it is below --min-isolation.",
+    )
+    isolation.add_argument("--min-isolation", default=None, choices=ISOLATION_LEVELS)
+    isolation.set_defaults(handler=run_isolation)
+
+
+def run_isolation(args: argparse.Namespace) -> int:
+    from kernelfleet.evaluator._sandbox import detect
+
+    report = detect()
+    print(report.describe())
+    if args.min_isolation and isolation_rank(report.level) < isolation_rank(args.min_isolation):
+        print(f"below the required {args.min_isolation}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _read(path_text: str, what: str) -> str:
@@ -114,9 +136,7 @@ def _config(args: argparse.Namespace) -> EvalConfig:
         values["warmup"] = args.warmup
     if args.seed is not None:
         values["seed"] = args.seed
-    if args.timeout is not None:
-        values["run_timeout_s"] = args.timeout
-        values["compile_timeout_s"] = max(args.timeout, 60.0)
+    values.update(sandbox_values(args))
     values["require_kernel"] = args.require_kernel
     values["float64_reference"] = args.float64_reference
     try:
@@ -163,6 +183,7 @@ def _table(result: EvaluationResult, reference: str, candidate: str) -> str:
     if result.max_abs_error is not None:
         rows.append(("max abs error", f"{result.max_abs_error:.3g}"))
     rows.append(("profile", result.profile))
+    rows.append(("isolation", result.isolation or "-"))
     rows.append(
         ("device", f"{env.device} ({env.gpu_class}), torch {env.torch}, evaluator {env.evaluator_version}")
     )
@@ -254,7 +275,15 @@ def run(args: argparse.Namespace) -> int:
                 f"evaluating {args.candidate} against {args.reference} on {config.device} ...",
                 file=sys.stderr,
             )
-        result = evaluator.evaluate(task, candidate)
+
+        def slow(_: Task, __: str, seconds: float) -> None:
+            print(
+                f"still evaluating {args.candidate} after {seconds:.0f} s (it is killed at "
+                f"{config.run_timeout_s:g} s, --timeout)",
+                file=sys.stderr,
+            )
+
+        result = evaluator.evaluate_batch([(task, candidate)], progress=False, slow=slow)[0]
         if R.REFERENCE_ERROR in R.codes(result.reasons):
             raise UsageError(f"the reference {args.reference} fails on its own: {result.reasons[0]}")
         baselines: dict[str, Any] | None = None

@@ -42,7 +42,7 @@ from kernelfleet.core.models import (
     Timing,
     Verdict,
 )
-from kernelfleet.core.store import NotFound, ObjectConflict, Store
+from kernelfleet.core.store import NotFound, ObjectConflict, ResultConflict, RunLease, Store
 from kernelfleet.search._database import Entry, VariantDatabase
 from kernelfleet.search._layout import ANSWER_LIMIT, RunLayout, SampleRecord, task_object
 from kernelfleet.search._progress import Progress, QuietProgress
@@ -62,6 +62,7 @@ class EvaluatorLike(Protocol):
         cache: Any = None,
         progress: bool = True,
         stop: Callable[[float], bool] | None = None,
+        slow: Callable[[Task, str, float], None] | None = None,
     ) -> list[EvaluationResult]: ...
 
     def baselines(self, task: Task) -> dict[str, Timing]: ...
@@ -112,6 +113,10 @@ class LoopSettings:
     verify_best: bool = True
     measure_baselines: bool = True
     seed: int = 0
+    # One process at a time works on a run: a second one waits this long for the lease, then
+    # stops with a message naming the holder (two would measure each other, see docs/store.md).
+    lease_wait_s: float = 0.0
+    lease_ttl_s: float = 120.0
 
 
 @dataclass
@@ -205,6 +210,7 @@ class OptimizationLoop:
         self._gpu_used = 0.0
         self._started = 0.0
         self._stop: str | None = None
+        self._lease: RunLease | None = None
 
     # ------------------------------------------------------------------ the run
 
@@ -212,8 +218,20 @@ class OptimizationLoop:
         """Optimise `tasks` until the budget ends; one summary per task, in the given order.
 
         Each call starts from the store alone, so calling it once per task gives every task the
-        whole budget.
+        whole budget. The run's lease is held throughout: a second process on the same run
+        waits for it (`LoopSettings.lease_wait_s`) or stops with `LeaseHeld`.
         """
+        lease = RunLease(
+            self.store, self.layout.prefix, ttl_s=self.settings.lease_ttl_s, wait_s=self.settings.lease_wait_s
+        )
+        with lease:
+            self._lease = lease
+            try:
+                return self._run(tasks)
+            finally:
+                self._lease = None
+
+    def _run(self, tasks: Iterable[Task]) -> list[TaskSummary]:
         self._started = time.monotonic()
         self._stop = None
         self._states = {}
@@ -446,7 +464,11 @@ class OptimizationLoop:
             limited = self.budget.wall_time_s is not None or self.budget.gpu_seconds is not None
             try:
                 results: Sequence[EvaluationResult | None] = self.evaluator.evaluate_batch(
-                    items, cache=sink, progress=False, stop=self._stop_batch if limited else None
+                    items,
+                    cache=sink,
+                    progress=False,
+                    stop=self._stop_batch if limited else None,
+                    slow=self._slow,
                 )
             except EvaluationCancelled as cancelled:
                 # The budget ended mid-batch: what finished is kept, the rest is not evaluated
@@ -479,6 +501,13 @@ class OptimizationLoop:
             if state.db.add(entry) and entry.successful:
                 state.best_seen = max(entry.speedup or 0.0, state.best_seen or 0.0)
 
+    def _slow(self, task: Task, variant_hash: str, seconds: float) -> None:
+        """An evaluation that runs long is named, so a user sees which candidate holds the run."""
+        self.progress.message(
+            f"{task.name}: variant {variant_hash[:12]} has been evaluating for {seconds:.0f} s "
+            "(it is killed at the evaluation timeout, --timeout)"
+        )
+
     def _record_result(self, result: EvaluationResult) -> None:
         """Keep a fresh result: in the store first, then in memory. Called once per key."""
         key = result.key
@@ -495,7 +524,19 @@ class OptimizationLoop:
                 f"the evaluator measured on {key.gpu_class}/{key.evaluator_version}, but the loop was set up "
                 f"for {self.gpu_class}/{self.evaluator_version}: pass the evaluator's own environment"
             )
-        self.store.put_result(self.layout.prefix, result)
+        if self._lease is not None:
+            self._lease.check()
+        if not result.final:
+            # A timing that never settled (another evaluation may have shared the device) or a
+            # failed judge: kept apart, never the run's word on this key; a resumed run measures
+            # it again.
+            self.store.put_provisional(self.layout.prefix, result)
+        else:
+            try:
+                self.store.put_result(self.layout.prefix, result)
+            except ResultConflict as conflict:
+                name = state.task.name if state is not None else result.task_hash[:12]
+                self.progress.message(f"{name}: {conflict}")
         self._known[key] = result
         self._gpu_used += result.seconds
         if state is not None:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from kernelfleet.core.errors import UsageError
+from kernelfleet.core.evaluation_options import add_sandbox_options, sandbox_values
 from kernelfleet.core.models import Environment, Task
 from kernelfleet.core.store import ObjectConflict, Store, open_store
 from kernelfleet.search._layout import RUN_ID, RunLayout, RunManifest
@@ -120,11 +121,19 @@ def register_optimize(subcommands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--run", default=None, help="run id (default: derived from tasks, policies and device)"
     )
+    parser.add_argument(
+        "--lease-wait",
+        type=_seconds,
+        default=0.0,
+        metavar="DURATION",
+        help="when another process holds the run, wait this long for it (90, 15m) before giving up",
+    )
     evaluation = parser.add_argument_group("evaluation")
     evaluation.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
     evaluation.add_argument("--profile", default="strict", choices=("strict", "kernelbench-v0"))
     evaluation.add_argument("--timing-trials", type=_positive_int, default=100)
     evaluation.add_argument("--correctness-trials", type=_positive_int, default=5)
+    add_sandbox_options(evaluation)
     search = parser.add_argument_group("search")
     search.add_argument("--exemplars", type=int, default=2, help="earlier variants shown in each prompt (K)")
     search.add_argument(
@@ -262,6 +271,7 @@ def run_optimize(args: argparse.Namespace) -> int:
         seed=args.seed,
         verify_best=not args.no_verify,
         measure_baselines=not args.no_baselines,
+        lease_wait_s=args.lease_wait,
     )
     specs = args.policies or ["compile"]
     policies: list[Policy] = []
@@ -282,6 +292,7 @@ def run_optimize(args: argparse.Namespace) -> int:
             # The table compares with eager and torch.compile; on a CPU the other modes
             # (reduce-overhead, CUDA graphs) add compile time and nothing to compare.
             baseline_modes=BASELINE_MODES if device != "cpu" else ("eager", "compile"),
+            **sandbox_values(args),
         )
         progress = QuietProgress() if args.quiet else LiveProgress()
         with Evaluator(config) as evaluator:
