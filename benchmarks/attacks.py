@@ -57,11 +57,11 @@ def _one(args: argparse.Namespace) -> int:
         "max_speedup_cv": None,
         "timing_retries": 1,
         "speedup_recheck": None,
-        "run_timeout_s": 120.0,
+        "timeout_seconds": 120.0,
     }
     fields = EvalConfig.model_fields
     if "isolation" in fields:
-        values.update(isolation=args.level, memory_limit_bytes=2 * 1024**3, scratch_bytes=256 * 1024**2)
+        values.update(isolation=args.level, memory_limit="2Gi", scratch_bytes=256 * 1024**2)
     with Evaluator(EvalConfig(**values)) as evaluator:
         result = evaluator.evaluate(Task(name="matmul", code=C.MATMUL_TASK), attack.source)
     print(
@@ -251,7 +251,7 @@ def main() -> int:
         print(json.dumps(overhead(20), indent=2))
         return 0
     sys.path[:0] = [str(ROOT / "core"), str(ROOT / "evaluator"), str(ROOT)]
-    from kernelfleet.core.models import ISOLATION_LEVELS, isolation_rank
+    from kernelfleet.core.settings import ISOLATION_LEVELS, isolation_rank
     from kernelfleet.evaluator._sandbox import detect
     from tests.support.attacks import ATTACKS
 

@@ -111,7 +111,7 @@ def part_throughput(
         "device": args.device,
         "profile": args.profile,
         "timing_trials": args.trials,
-        "run_timeout_s": args.task_timeout,
+        "timeout_seconds": args.task_timeout,
         "compile_timeout_s": args.task_timeout,
     }
     items = [(task, code) for task, code, _ in workload]
@@ -167,7 +167,7 @@ def part_repeat(
         profile=args.profile,
         timing_trials=args.trials,
         speedup_recheck=None,
-        run_timeout_s=args.task_timeout,
+        timeout_seconds=args.task_timeout,
         compile_timeout_s=args.task_timeout,
     )
     chosen = workload[: args.repeat_tasks]

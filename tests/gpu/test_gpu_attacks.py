@@ -36,8 +36,8 @@ GPU: dict[str, Any] = {
     "max_speedup_cv": None,
     "timing_retries": 1,
     "speedup_recheck": None,
-    "run_timeout_s": 300.0,
-    "memory_limit_bytes": 8 * 1024**3,
+    "timeout_seconds": 300.0,
+    "memory_limit": "8Gi",
     "scratch_bytes": 256 * 1024**2,
     "seed": 20261201,
 }

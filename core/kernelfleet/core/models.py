@@ -8,11 +8,10 @@ version), so the same code is never evaluated twice on the same hardware.
 from __future__ import annotations
 
 import enum
-from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
-from kernelfleet.core.hashing import normalize_source, source_hash
+from kernelfleet.core.hashing import source_hash
 
 
 class Frozen(BaseModel):
@@ -34,67 +33,6 @@ class Task(Frozen):
     @property
     def hash(self) -> str:
         return source_hash(self.code)
-
-
-class Variant(Frozen):
-    """One candidate implementation of a task: a module defining `ModelNew`."""
-
-    code: str
-    policy: str = Field(default="", description="Which policy wrote it ('compile', 'replay', 'openai', ...).")
-    parent_hashes: tuple[str, ...] = Field(default=(), description="Exemplars shown in its prompt.")
-    note: str = Field(default="", description="The policy's own analysis, kept for the report.")
-
-    @computed_field  # type: ignore[prop-decorator]
-    @property
-    def hash(self) -> str:
-        return source_hash(self.code)
-
-    @property
-    def normalized_code(self) -> str:
-        return normalize_source(self.code)
-
-
-ISOLATION_LEVELS = ("process", "landlock", "bubblewrap", "bubblewrap+landlock")
-"""How a candidate was walled in, weakest first (docs/sandbox.md): its own process apart from
-the judge; plus a Landlock domain; a bubblewrap sandbox; both."""
-
-
-def isolation_rank(level: str) -> int:
-    """Position of `level` in ISOLATION_LEVELS; -1 for '' (a result from before the sandbox)."""
-    return ISOLATION_LEVELS.index(level) if level in ISOLATION_LEVELS else -1
-
-
-_SIZE_UNITS = {
-    "": 1,
-    "k": 1000,
-    "m": 1000**2,
-    "g": 1000**3,
-    "t": 1000**4,
-    "ki": 1024,
-    "mi": 1024**2,
-    "gi": 1024**3,
-    "ti": 1024**4,
-}
-
-
-def parse_bytes(text: str | int) -> int:
-    """'8G', '8GB', '512Mi', '1.5g' or a plain number of bytes -> bytes. G is 10^9 and Gi 2^30,
-    as in Kubernetes quantities; ValueError names what is accepted."""
-    if isinstance(text, int):
-        value = text
-    else:
-        raw = text.strip().lower().removesuffix("b")
-        number = raw.rstrip("kmgti")
-        unit = raw[len(number) :]
-        try:
-            value = int(float(number) * _SIZE_UNITS[unit])
-        except (KeyError, ValueError):
-            raise ValueError(
-                f"{text!r} is not a size: use a number of bytes or one with a unit, e.g. 512Mi, 8G, 16Gi"
-            ) from None
-    if value <= 0:
-        raise ValueError(f"{text!r} must be a positive size")
-    return value
 
 
 class Verdict(enum.StrEnum):
@@ -159,8 +97,8 @@ class EvaluationResult(Frozen):
     )
     isolation: str = Field(
         default="",
-        description="How the candidate was walled in (one of ISOLATION_LEVELS; '' for results written "
-        "before the sandbox existed).",
+        description="How the candidate was walled in (an IsolationLevel of core.settings; '' for "
+        "results written before the sandbox existed).",
     )
 
     @property
@@ -203,9 +141,6 @@ class ResultKey(Frozen):
         """The key's place in the store, relative to a run's root."""
         task, variant = self.task_hash[:16], self.variant_hash
         return f"results/{task}/{self.gpu_class}/{self.evaluator_version}/{variant}.json"
-
-
-PositiveInt = Annotated[int, Field(gt=0)]
 
 
 class TaskSummary(Frozen):

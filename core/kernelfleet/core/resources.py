@@ -1,6 +1,8 @@
 """The custom resources' specs and statuses: OptimizationJob and TrainingRun (kernelfleet.io/v1alpha1).
 
-These models are the single source of the CRDs: `scripts/generate-crds.py` turns them into
+The budget and the evaluation settings are the runtime's own models (`kernelfleet.core.settings`):
+a job and `kernelfleet optimize` share their defaults, bounds and help. These models are the
+single source of the CRDs: `scripts/generate-crds.py` turns them into
 `crds/*.yaml`, and a test fails when the files are stale. Field names are camelCase, as
 Kubernetes users expect, except inside training stages, which reuse trl's `SFTConfig` and
 `GRPOConfig` names (`learning_rate`, `num_generations`, ...) so that users can carry a trl
@@ -12,13 +14,39 @@ from __future__ import annotations
 import enum
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from kernelfleet.core.models import ISOLATION_LEVELS, parse_bytes
+from kernelfleet.core.settings import Budget, EvaluationProfile, EvaluationSettings
 
 GROUP = "kernelfleet.io"
 VERSION = "v1alpha1"
+
+__all__ = [
+    "GROUP",
+    "VERSION",
+    "Budget",
+    "ClassStatus",
+    "Condition",
+    "EvaluationProfile",
+    "EvaluationSettings",
+    "GRPOStageConfig",
+    "HeldOutSpec",
+    "OptimizationJobSpec",
+    "OptimizationJobStatus",
+    "PeftFields",
+    "PolicyKind",
+    "PolicySpec",
+    "RewardSpec",
+    "SFTStageConfig",
+    "SelfTrainStageConfig",
+    "StageData",
+    "StageType",
+    "TrainingRunSpec",
+    "TrainingRunStatus",
+    "TrainingStage",
+    "TrainingStageStatus",
+]
 
 GpuClassName = Annotated[str, Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=40)]
 
@@ -47,55 +75,6 @@ class PolicySpec(_Spec):
     temperature: float = Field(default=0.8, ge=0, le=2)
 
 
-class Budget(_Spec):
-    rounds: int = Field(default=4, ge=1, le=1000, description="Contrastive rounds per task.")
-    samples_per_round: int = Field(default=8, ge=1, le=1024, description="Variants proposed per round.")
-    wall_time_seconds: int | None = Field(default=None, ge=1, description="Stop a task after this long.")
-    gpu_seconds: int | None = Field(default=None, ge=1, description="Stop a task after this much GPU time.")
-    target_speedup: float | None = Field(default=None, gt=1, description="Stop a task once reached.")
-
-
-class EvaluationProfile(enum.StrEnum):
-    STRICT = "strict"
-    KERNELBENCH_V0 = "kernelbench-v0"
-
-
-class EvaluationSpec(_Spec):
-    profile: EvaluationProfile = Field(
-        default=EvaluationProfile.STRICT, description="strict or kernelbench-v0."
-    )
-    correctness_trials: int = Field(default=5, ge=1, le=1000)
-    timing_trials: int = Field(default=100, ge=10, le=100000)
-    timeout_seconds: float = Field(
-        default=300,
-        gt=0,
-        description="Longest one evaluation (load, check, time) may take; then it is killed.",
-    )
-    memory_limit: str | None = Field(
-        default=None,
-        description="Host memory one candidate may allocate, e.g. '16Gi'; empty: half of the node's memory.",
-    )
-    min_isolation: str | None = Field(
-        default=None,
-        description="Refuse to evaluate below this isolation level: process, landlock, bubblewrap, "
-        "bubblewrap+landlock.",
-    )
-
-    @field_validator("memory_limit")
-    @classmethod
-    def _check_memory_limit(cls, value: str | None) -> str | None:
-        if value:
-            parse_bytes(value)
-        return value or None
-
-    @field_validator("min_isolation")
-    @classmethod
-    def _check_isolation(cls, value: str | None) -> str | None:
-        if value and value not in ISOLATION_LEVELS:
-            raise ValueError(f"min_isolation {value!r}: choose one of {', '.join(ISOLATION_LEVELS)}")
-        return value or None
-
-
 class OptimizationJobSpec(_Spec):
     """What to optimise, where, with which policy and budget."""
 
@@ -111,38 +90,93 @@ class OptimizationJobSpec(_Spec):
         min_length=1,
         description="Policies that propose variants.",
     )
-    budget: Budget = Field(default=Budget())
-    evaluation: EvaluationSpec = Field(default=EvaluationSpec())
+    budget: Budget = Field(default_factory=Budget, description="When the search stops; see Budget.")
+    evaluation: EvaluationSettings = Field(
+        default_factory=EvaluationSettings, description="What an evaluation measures and how strictly."
+    )
     parallelism: int = Field(default=1, ge=1, le=1024, description="Worker pods per GPU class.")
     gpus_per_pod: int = Field(default=1, ge=1, le=8)
     store: str = Field(default="", description="Store URL; empty means the operator's configured store.")
-    suspend: bool = Field(default=False, description="Pause: no new pods; running ones finish their task.")
+    suspend: bool = Field(
+        default=False, description="Pause: no new pods; running ones stop and resume later from the store."
+    )
+    verify_on: list[GpuClassName] = Field(
+        default_factory=list,
+        max_length=16,
+        description="After the search, re-verify and re-time each task's best variant on these classes.",
+    )
+    queue_name: str = Field(
+        default="",
+        max_length=63,
+        description="Kueue LocalQueue: the Jobs carry kueue.x-k8s.io/queue-name and start suspended.",
+    )
+    priority_class_name: str = Field(default="", max_length=253, description="PriorityClass of the pods.")
+    tasks_per_index: int = Field(
+        default=1,
+        ge=1,
+        le=1000,
+        description="Tasks each worker pod runs before it exits: more amortises pod start-up.",
+    )
+    backoff_limit_per_index: int = Field(
+        default=2, ge=0, le=100, description="Retries of a failed pod (per completion index)."
+    )
+    ttl_seconds_after_finished: int | None = Field(
+        default=None, ge=0, description="Delete finished Jobs (not the results) after this long."
+    )
+    active_deadline_seconds: int | None = Field(
+        default=None, ge=1, description="Fail each Job that runs longer than this."
+    )
 
 
 class Condition(_Spec):
+    """A condition in the style of metav1.Condition."""
+
     type: str
     status: str = Field(pattern="^(True|False|Unknown)$")
     reason: str = ""
     message: str = ""
     last_transition_time: str = ""
+    observed_generation: int = 0
 
 
 class ClassStatus(_Spec):
+    tasks_total: int = 0
     tasks_done: int = 0
+    tasks_failed: int = 0
+    variants_evaluated: int = 0
     best_speedup: float | None = None
     median_speedup: float | None = None
+    jobs: int = Field(default=0, description="Indexed Jobs of this class.")
+    active_pods: int = 0
+
+
+class VerifyStatus(_Spec):
+    """How the best variants' speedups carry over to another GPU class."""
+
+    tasks_total: int = 0
+    tasks_done: int = 0
+    tasks_failed: int = 0
+    verified: int = Field(default=0, description="Best variants still correct on this class.")
+    median_speedup: float | None = Field(default=None, description="Median speedup measured on this class.")
+    median_ratio: float | None = Field(
+        default=None, description="Median of (speedup here) / (speedup on the class that found it)."
+    )
 
 
 class OptimizationJobStatus(_Spec):
-    phase: str = Field(default="", description="Pending, Running, Succeeded, Failed or Suspended.")
+    phase: str = Field(default="", description="Pending, Running, Suspended, Verifying, Succeeded or Failed.")
     observed_generation: int = 0
     tasks_total: int = 0
     tasks_done: int = 0
     tasks_failed: int = 0
     variants_evaluated: int = 0
     best_speedup: float | None = None
+    median_speedup: float | None = None
     per_class: dict[str, ClassStatus] = Field(default_factory=dict)
+    verification: dict[str, VerifyStatus] = Field(default_factory=dict)
     results: str = Field(default="", description="Store URL where the results are.")
+    start_time: str = ""
+    completion_time: str = ""
     conditions: list[Condition] = Field(default_factory=list)
 
 
@@ -296,7 +330,9 @@ class TrainingRunSpec(_Spec):
     tasks: list[str] = Field(min_length=1, description="Task selections used for data and rewards.")
     stages: list[TrainingStage] = Field(min_length=1)
     held_out: HeldOutSpec = Field(default_factory=HeldOutSpec)
-    evaluation: EvaluationSpec = Field(default=EvaluationSpec())
+    evaluation: EvaluationSettings = Field(
+        default_factory=EvaluationSettings, description="How rewards and held-out results are evaluated."
+    )
     gpu_class: GpuClassName = "h100"
     gpus: int = Field(default=1, ge=1, le=64)
     reward_gpu_class: str = Field(

@@ -18,12 +18,11 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, field_validator
 
+from kernelfleet.core.settings import Device, EvaluationProfile, EvaluationSettings, IsolationLevel
 from kernelfleet.evaluator._version import EVALUATOR_VERSION
 
-ProfileName = Literal["strict", "strict-tf32", "kernelbench-v0"]
-IsolationName = Literal["process", "landlock", "bubblewrap", "bubblewrap+landlock"]
 BASELINE_MODES = ("eager", "compile", "compile-reduce-overhead", "cudagraph")
 
 
@@ -50,8 +49,10 @@ class Profile:
         return flag in self.allowed_settings and str(value).lower() not in ("medium", "bf16")
 
 
+# Keyed by the profile enum, whose members are also their names as strings ("strict", ...);
+# a test checks that every profile has rules.
 PROFILES: dict[str, Profile] = {
-    "strict": Profile(
+    EvaluationProfile.STRICT: Profile(
         name="strict",
         tolerances={
             "float64": (1e-7, 1e-7),
@@ -67,7 +68,7 @@ PROFILES: dict[str, Profile] = {
     ),
     # strict, for users who train with TF32: a candidate may turn TF32 on (it then runs on both
     # sides), and fp32 compares at 1e-3, what TF32's 10-bit mantissa leaves of a matmul.
-    "strict-tf32": Profile(
+    EvaluationProfile.STRICT_TF32: Profile(
         name="strict-tf32",
         tolerances={
             "float64": (1e-7, 1e-7),
@@ -93,7 +94,7 @@ PROFILES: dict[str, Profile] = {
             }
         ),
     ),
-    "kernelbench-v0": Profile(
+    EvaluationProfile.KERNELBENCH_V0: Profile(
         name="kernelbench-v0",
         tolerances={
             "float64": (1e-2, 1e-2),
@@ -117,18 +118,17 @@ def default_cache_dir() -> Path:
     return base / "evaluator"
 
 
-class EvalConfig(BaseModel):
-    """Settings of one evaluator. Every field has a safe default; tests shrink the trials."""
+class EvalConfig(EvaluationSettings):
+    """Settings of one evaluator. Every field has a safe default; tests shrink the trials.
+
+    The fields a user sets (profile, trials, ...) are `EvaluationSettings`', shared with the job
+    spec and the command line; the rest are the evaluator's own.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    device: str = Field(default="cpu", description="'cpu', 'cuda' (all local GPUs) or 'cuda:N'.")
-    profile: ProfileName = "strict"
-    correctness_trials: int = Field(default=5, ge=1, description="Fresh seed and inputs each.")
-    timing_trials: int = Field(default=100, ge=3, description="Timed calls of each side.")
-    warmup: int = Field(default=10, ge=1, description="Untimed interleaved rounds first.")
+    device: Device = Field(default="cpu", description="'cpu', 'cuda' (all local GPUs) or 'cuda:N'.")
     compile_timeout_s: float = Field(default=180.0, gt=0)
-    run_timeout_s: float = Field(default=300.0, gt=0, description="Per child: load, check, time.")
     speedup_recheck: float | None = Field(
         default=3.0, description="Speedups at or above this are re-timed in a fresh process."
     )
@@ -136,7 +136,6 @@ class EvalConfig(BaseModel):
         default=0.2, ge=0, description="Relative disagreement of the two timings that is reported."
     )
     review_ceiling: float = Field(default=10.0, gt=0, description="Speedups above are flagged.")
-    require_kernel: bool = Field(default=False, description="Demand a custom CUDA/C++ or Triton kernel.")
     float64_reference: bool = Field(default=False, description="Compare fp32 outputs to an fp64 run.")
     max_speedup_cv: float | None = Field(
         default=0.1,
@@ -175,20 +174,10 @@ class EvalConfig(BaseModel):
         "machine); None keeps torch's default.",
     )
     timing: bool = Field(default=True, description="False: correctness only, no speedup.")
-    isolation: Literal["auto"] | IsolationName = Field(
+    isolation: Literal["auto"] | IsolationLevel = Field(
         default="auto",
-        description="How candidates are walled in (docs/sandbox.md); 'auto': the strongest this machine "
-        "offers.",
-    )
-    min_isolation: IsolationName | None = Field(
-        default=None,
-        description="Refuse to evaluate when the machine cannot wall candidates in at least this well.",
-    )
-    memory_limit_bytes: int | None = Field(
-        default=None,
-        gt=0,
-        description="Host memory a candidate's process may allocate (heap and private mappings); None: half "
-        "of the machine's memory.",
+        description="How candidates are walled in (docs/sandbox.md); auto: the strongest this machine "
+        "offers (kernelfleet eval isolation says which).",
     )
     scratch_bytes: int = Field(
         default=4 * 1024**3,
@@ -197,15 +186,6 @@ class EvalConfig(BaseModel):
     )
     baseline_modes: tuple[str, ...] = BASELINE_MODES
     baseline_trials: int | None = Field(default=None, description="None: timing_trials.")
-
-    @field_validator("device")
-    @classmethod
-    def _check_device(cls, value: str) -> str:
-        if value == "cpu" or value == "cuda":
-            return value
-        if value.startswith("cuda:") and value[5:].isdigit():
-            return value
-        raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', not {value!r}")
 
     @field_validator("baseline_modes")
     @classmethod
@@ -223,7 +203,7 @@ class EvalConfig(BaseModel):
     def result_version(self) -> str:
         """The evaluator version written into results: the profile and kernel demand are part
         of it, because they change verdicts, and results are cached by version."""
-        suffix = self.profile + (".kernel" if self.require_kernel else "")
+        suffix = str(self.profile) + (".kernel" if self.require_kernel else "")
         return f"{EVALUATOR_VERSION}+{suffix}"
 
     @property

@@ -39,7 +39,7 @@ from tqdm import tqdm
 from kernelfleet.core import reasons as R
 from kernelfleet.core.errors import EvaluationCancelled, UsageError
 from kernelfleet.core.hashing import source_hash
-from kernelfleet.core.models import Environment, EvaluationResult, ResultKey, Task, Timing, Variant, Verdict
+from kernelfleet.core.models import Environment, EvaluationResult, ResultKey, Task, Timing, Verdict
 from kernelfleet.evaluator._cache import ResultCache
 from kernelfleet.evaluator._config import EvalConfig
 from kernelfleet.evaluator._devicelock import DeviceLock
@@ -367,26 +367,18 @@ class Evaluator:
         """The environment of the first device (all devices of a batch, when they are alike)."""
         return self._probe_lanes()[0].environment
 
-    def key_for(self, task: Task, code: str | Variant, config: EvalConfig | None = None) -> ResultKey:
+    def key_for(self, task: Task, code: str, config: EvalConfig | None = None) -> ResultKey:
         """The cache key the result of `code` on `task` will have on this evaluator."""
-        text = code.code if isinstance(code, Variant) else code
         return ResultKey(
             task_hash=task.hash,
-            variant_hash=source_hash(text),
+            variant_hash=source_hash(code),
             gpu_class=self.environment.gpu_class,
             evaluator_version=(config or self.config).result_version,
         )
 
-    def with_options(self, **options: Any) -> EvalConfig:
-        """This evaluator's config with some fields changed (per-evaluation options of the
-        service); the device stays the evaluator's."""
-        if "device" in options and options["device"] != self.config.device:
-            raise UsageError(f"the device is the evaluator's ({self.config.device}); leave it out")
-        return self.config.model_copy(update=options) if options else self.config
-
     # -- one evaluation
 
-    def evaluate(self, task: Task, code: str | Variant) -> EvaluationResult:
+    def evaluate(self, task: Task, code: str) -> EvaluationResult:
         """Judge one candidate. When the task's own reference fails, the verdict is
         runtime_error with a `reference-error` reason (and the result is never cached)."""
         return self.evaluate_batch([(task, code)], cache=None, progress=False)[0]
@@ -437,7 +429,7 @@ class Evaluator:
             flagged_for_review=flagged,
             max_abs_error=max_abs_error,
             environment=environment,
-            profile=config.profile,
+            profile=str(config.profile),
             seconds=round(seconds, 3),
             log=log[-_LOG_LIMIT:] if verdict != "correct" else "",
             stages={name: round(value, 4) for name, value in item.stages.items()},
@@ -467,7 +459,7 @@ class Evaluator:
             if what == "building":
                 limit = f"{item.config.compile_timeout_s:g} s of CPU time"
             else:
-                limit = f"{item.config.run_timeout_s:g} s"
+                limit = f"{item.config.timeout_seconds:g} s"
             return self._result(
                 item,
                 lane,
@@ -542,7 +534,7 @@ class Evaluator:
                 item.task.code,
                 item.code,
                 self._seed(config),
-                timeout=config.run_timeout_s,
+                timeout=config.timeout_seconds,
                 cancel=item.cancel,
                 take_lane=take_lane,
                 release_lane=release_lane,
@@ -720,12 +712,12 @@ class Evaluator:
         return lanes
 
     def submit(
-        self, task: Task, code: str | Variant, config: EvalConfig | None = None
+        self, task: Task, code: str, config: EvalConfig | None = None
     ) -> concurrent.futures.Future[EvaluationResult]:
         """Queue one evaluation; the future gives its result, or raises `EvaluationCancelled`
         (cancelled or the evaluator closed) or the evaluator's own failure."""
         lanes = self._start()
-        text = code.code if isinstance(code, Variant) else code
+        text = code
         item = _Item(task, text, config or self.config, concurrent.futures.Future())
         item.future.set_running_or_notify_cancel()
         try:
@@ -828,9 +820,9 @@ class Evaluator:
 
     def evaluate_batch(
         self,
-        items: Sequence[tuple[Task, str | Variant]],
+        items: Sequence[tuple[Task, str]],
         cache: ResultCache | None = None,
-        progress: bool = True,
+        progress: bool = False,
         stop: Callable[[float], bool] | None = None,
         slow: Callable[[Task, str, float], None] | None = None,
     ) -> list[EvaluationResult]:
@@ -847,7 +839,7 @@ class Evaluator:
         progress bar names it too.
         """
         self._start()
-        pairs = [(task, code.code if isinstance(code, Variant) else code) for task, code in items]
+        pairs = list(items)
         keys = [self.key_for(task, code) for task, code in pairs]
         unique: dict[ResultKey, tuple[Task, str]] = {}
         for key, pair in zip(keys, pairs, strict=True):
@@ -949,7 +941,7 @@ class Evaluator:
     def baselines_detail(self, task: Task) -> tuple[dict[str, Timing], dict[str, str]]:
         """`baselines` plus why each missing mode is missing."""
         lane = self._probe_lanes()[0]
-        timeout = max(self.config.run_timeout_s, 120.0) * 2
+        timeout = max(self.config.timeout_seconds, 120.0) * 2
         message = {
             "op": "baselines",
             "config": self.config.model_dump(mode="json"),

@@ -1,6 +1,6 @@
 """The sandbox every candidate runs in, and the isolation level it reached on this machine.
 
-Levels, weakest first (`ISOLATION_LEVELS` in core):
+Levels, weakest first (`IsolationLevel` in core.settings):
 
 - `process`: the candidate runs in a process of its own, apart from the judge, with its
   capabilities dropped, a scrubbed environment, rlimits and a seccomp filter (where the
@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from kernelfleet.core.errors import UsageError
-from kernelfleet.core.models import ISOLATION_LEVELS, isolation_rank
+from kernelfleet.core.settings import ISOLATION_LEVELS, isolation_rank
 from kernelfleet.evaluator import _confine
 from kernelfleet.evaluator._wire import Channel, ChannelClosed, PacketChannel, ProtocolError
 

@@ -22,15 +22,33 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
 from kernelfleet.core import reasons as R
 from kernelfleet.core.errors import UsageError
-from kernelfleet.core.evaluation_options import add_sandbox_options, sandbox_values
-from kernelfleet.core.models import ISOLATION_LEVELS, EvaluationResult, Task, isolation_rank
-from kernelfleet.core.tasks import missing_task_names
-from kernelfleet.evaluator._config import BASELINE_MODES, PROFILES, EvalConfig
+from kernelfleet.core.models import EvaluationResult, Task
+from kernelfleet.core.options import Flag, ModelOptions
+from kernelfleet.core.settings import ISOLATION_LEVELS, EvaluationSettings, isolation_rank
+from kernelfleet.core.tasks import missing_task_names, read_source
+from kernelfleet.evaluator._config import BASELINE_MODES, EvalConfig
 from kernelfleet.evaluator._evaluator import Evaluator
+
+# The evaluation options, generated from the config's fields (defaults, bounds and help live
+# there); `--trials` is the short name of `--timing-trials`.
+_SHARED_FLAGS = (
+    Flag("device", default_text="cuda if available, else cpu", metavar="DEVICE"),
+    Flag("timing_trials", ("--timing-trials", "--trials"), metavar="N"),
+    Flag("timeout_seconds", ("--timeout",), metavar="S"),
+    Flag("memory_limit", metavar="SIZE"),
+    Flag("min_isolation", metavar="LEVEL"),
+    Flag("isolation", metavar="LEVEL"),
+)
+EVAL_OPTIONS = ModelOptions(
+    EvalConfig,
+    *_SHARED_FLAGS,
+    only=["device", *EvaluationSettings.model_fields, "isolation", "float64_reference", "seed"],
+)
+SERVE_OPTIONS = ModelOptions(
+    EvalConfig, *_SHARED_FLAGS, only=["device", *EvaluationSettings.model_fields, "isolation", "lane_slots"]
+)
 
 
 def register(subcommands: argparse._SubParsersAction) -> None:
@@ -44,25 +62,7 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--reference", metavar="REF.py", help="task file: Model, get_inputs, ...")
     parser.add_argument("--candidate", metavar="CAND.py", help="candidate file defining ModelNew")
-    parser.add_argument(
-        "--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available, else cpu)"
-    )
-    parser.add_argument("--profile", default="strict", choices=sorted(PROFILES))
-    parser.add_argument(
-        "--trials", type=int, default=None, metavar="N", help="timed calls of each side (100)"
-    )
-    parser.add_argument(
-        "--correctness-trials", type=int, default=None, metavar="N", help="fresh-input trials (5)"
-    )
-    parser.add_argument("--warmup", type=int, default=None, metavar="N")
-    parser.add_argument(
-        "--require-kernel", action="store_true", help="demand a custom CUDA/C++ or Triton kernel"
-    )
-    parser.add_argument(
-        "--float64-reference", action="store_true", help="compare fp32 outputs to an fp64 run"
-    )
-    parser.add_argument("--seed", type=int, default=None)
-    add_sandbox_options(parser)
+    EVAL_OPTIONS.add_to(parser)
     parser.add_argument("--baselines", action="store_true", help="also time eager, torch.compile, CUDA graph")
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     parser.set_defaults(handler=run)
@@ -80,24 +80,16 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     serve.add_argument(
         "--token-file", metavar="F", help="file holding the bearer token that /v1 calls must send"
     )
-    serve.add_argument("--device", default=None, help="cpu, cuda (every GPU) or cuda:N")
-    serve.add_argument("--profile", default="strict", choices=sorted(PROFILES), help="default profile")
     serve.add_argument("--max-queue", type=int, default=64, metavar="N", help="open evaluations (64)")
-    serve.add_argument("--trials", type=int, default=None, metavar="N", help="timed calls of each side")
-    serve.add_argument("--correctness-trials", type=int, default=None, metavar="N")
-    serve.add_argument("--warmup", type=int, default=None, metavar="N")
-    add_sandbox_options(serve)
-    serve.add_argument("--lane-slots", type=int, default=None, metavar="N", help="processes per device")
-    serve.set_defaults(
-        handler=run_serve, require_kernel=False, float64_reference=False, seed=None, json=False
-    )
+    SERVE_OPTIONS.add_to(serve)
+    serve.set_defaults(handler=run_serve)
     isolation = actions.add_parser(
         "isolation",
         help="how well this machine can wall candidates in",
         description="Detect bubblewrap, Landlock and seccomp, and print the isolation level candidates "
         "will run at (docs/sandbox.md). Exit status 1 when it is below --min-isolation.",
     )
-    isolation.add_argument("--min-isolation", default=None, choices=ISOLATION_LEVELS)
+    isolation.add_argument("--min-isolation", default=None, choices=ISOLATION_LEVELS, metavar="LEVEL")
     isolation.set_defaults(handler=run_isolation)
 
 
@@ -107,13 +99,18 @@ def run_isolation(args: argparse.Namespace) -> int:
     report = detect()
     print(report.describe())
     if args.min_isolation and isolation_rank(report.level) < isolation_rank(args.min_isolation):
-        print(f"below the required {args.min_isolation}", file=sys.stderr)
+        print(f"{report.level} is below the required {args.min_isolation}", file=sys.stderr)
         return 1
     return 0
 
 
 def _read(path_text: str, what: str) -> str:
     path = Path(path_text)
+    if what != "token":  # Python source: decoded as Python decodes it (PEP 263)
+        try:
+            return read_source(path)
+        except UsageError as error:
+            raise UsageError(f"cannot read the {what} file: {error}") from None
     try:
         return path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
@@ -126,24 +123,12 @@ def _default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _config(args: argparse.Namespace) -> EvalConfig:
-    values: dict[str, Any] = {"device": args.device or _default_device(), "profile": args.profile}
-    if args.trials is not None:
-        values["timing_trials"] = args.trials
-    if args.correctness_trials is not None:
-        values["correctness_trials"] = args.correctness_trials
-    if args.warmup is not None:
-        values["warmup"] = args.warmup
-    if args.seed is not None:
-        values["seed"] = args.seed
-    values.update(sandbox_values(args))
-    values["require_kernel"] = args.require_kernel
-    values["float64_reference"] = args.float64_reference
-    try:
-        return EvalConfig(**values)
-    except ValidationError as error:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
-        raise UsageError(f"bad option: {problems}") from None
+def _config(args: argparse.Namespace, options: ModelOptions[EvalConfig]) -> EvalConfig:
+    values: dict[str, Any] = options.given(args)
+    values.setdefault("device", _default_device())
+    if "timeout_seconds" in values:  # a build may take as long, and at least a minute
+        values["compile_timeout_s"] = max(float(values["timeout_seconds"]), 60.0)
+    return options.build_from(values)
 
 
 def result_json(result: EvaluationResult, baselines: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -215,9 +200,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
     if args.max_queue < 1:
         raise UsageError("--max-queue must be at least 1")
-    config = _config(args)
-    if args.lane_slots is not None:
-        config = config.model_copy(update={"lane_slots": max(1, args.lane_slots)})
+    config = _config(args, SERVE_OPTIONS)
     token = _token(args.token_file)
     if token is None and args.host not in ("127.0.0.1", "localhost", "::1"):
         print(
@@ -267,7 +250,7 @@ def run(args: argparse.Namespace) -> int:
             f"the reference {args.reference} does not define {', '.join(missing)}; a task defines "
             "class Model, get_inputs() and get_init_inputs()"
         )
-    config = _config(args)
+    config = _config(args, EVAL_OPTIONS)
     task = Task(name=Path(args.reference).stem, code=reference, source=args.reference)
     with Evaluator(config) as evaluator:
         if not args.json:
@@ -279,7 +262,7 @@ def run(args: argparse.Namespace) -> int:
         def slow(_: Task, __: str, seconds: float) -> None:
             print(
                 f"still evaluating {args.candidate} after {seconds:.0f} s (it is killed at "
-                f"{config.run_timeout_s:g} s, --timeout)",
+                f"{config.timeout_seconds:g} s, --timeout)",
                 file=sys.stderr,
             )
 

@@ -25,12 +25,15 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import random
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kernelfleet.core.errors import EvaluationCancelled, UsageError
 from kernelfleet.core.models import (
@@ -42,13 +45,16 @@ from kernelfleet.core.models import (
     Timing,
     Verdict,
 )
-from kernelfleet.core.store import NotFound, ObjectConflict, ResultConflict, RunLease, Store
+from kernelfleet.core.settings import Budget
+from kernelfleet.core.store import CorruptObject, NotFound, ObjectConflict, ResultConflict, RunLease, Store
 from kernelfleet.search._database import Entry, VariantDatabase
-from kernelfleet.search._layout import ANSWER_LIMIT, RunLayout, SampleRecord, task_object
+from kernelfleet.search._layout import ANSWER_LIMIT, RunLayout, SampleRecord, read_model, task_object
 from kernelfleet.search._progress import Progress, QuietProgress
 from kernelfleet.search._prompts import Exemplar
 from kernelfleet.search.policies._base import Policy, Proposal, Request
 from kernelfleet.search.policies._compile import COMPILE_DEFAULT
+
+log = logging.getLogger(__name__)
 
 
 class EvaluatorLike(Protocol):
@@ -60,7 +66,7 @@ class EvaluatorLike(Protocol):
         self,
         items: list[tuple[Task, str]],
         cache: Any = None,
-        progress: bool = True,
+        progress: bool = False,
         stop: Callable[[float], bool] | None = None,
         slow: Callable[[Task, str, float], None] | None = None,
     ) -> list[EvaluationResult]: ...
@@ -68,55 +74,50 @@ class EvaluatorLike(Protocol):
     def baselines(self, task: Task) -> dict[str, Timing]: ...
 
 
-@dataclass(frozen=True)
-class Budget:
-    """When to stop. Rounds and samples shape the search; the rest cut it short.
+class LoopSettings(BaseModel):
+    """How the loop searches, as opposed to how long (`Budget`). The command line's search
+    options are generated from these fields (`kernelfleet.core.options`)."""
 
-    `wall_time_s` counts this call only; `gpu_seconds` counts every evaluation of the run, those
-    of earlier, resumed calls included; `target_speedup` applies to each task. The two limits
-    are bounds: at the limit nothing new starts, evaluations in flight are cancelled (not
-    recorded, so a resumed run evaluates them), and no baseline or re-verification is started.
-    """
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
-    rounds: int = 4
-    samples_per_round: int = 4
-    wall_time_s: float | None = None
-    gpu_seconds: float | None = None
-    target_speedup: float | None = None
-
-    def __post_init__(self) -> None:
-        if self.rounds < 1 or self.samples_per_round < 1:
-            raise UsageError("rounds and samples per round must be at least 1")
-        if self.wall_time_s is not None and self.wall_time_s <= 0:
-            raise UsageError("the wall-time budget must be positive")
-        if self.gpu_seconds is not None and self.gpu_seconds <= 0:
-            raise UsageError("the GPU-seconds budget must be positive")
-        if self.target_speedup is not None and self.target_speedup <= 0:
-            raise UsageError("the target speedup must be positive")
-
-    def fingerprint(self) -> str:
-        text = repr(
-            (self.rounds, self.samples_per_round, self.wall_time_s, self.gpu_seconds, self.target_speedup)
-        )
-        return hashlib.sha256(text.encode()).hexdigest()[:12]
-
-
-@dataclass(frozen=True)
-class LoopSettings:
-    """How the loop searches, as opposed to how long (`Budget`)."""
-
-    exemplars: int = 2
-    bucket_temperature: float = 1.0
-    bucket_width: float = 0.1
-    eval_batch_size: int = 8
-    verify_attempts: int = 3
-    verify_best: bool = True
-    measure_baselines: bool = True
-    seed: int = 0
-    # One process at a time works on a run: a second one waits this long for the lease, then
-    # stops with a message naming the holder (two would measure each other, see docs/store.md).
-    lease_wait_s: float = 0.0
-    lease_ttl_s: float = 120.0
+    exemplars: int = Field(
+        default=2, ge=0, le=8, description="Earlier variants shown in each prompt (K), per request."
+    )
+    bucket_temperature: float = Field(
+        default=1.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="Softmax temperature of the exemplar buckets (lower favours the fastest).",
+    )
+    bucket_width: float = Field(
+        default=0.1,
+        gt=0,
+        allow_inf_nan=False,
+        description="Relative width of a speedup bucket (0.1: variants within 10% share one).",
+    )
+    eval_batch_size: int = Field(default=8, ge=1, description="Variants handed to the evaluator at once.")
+    verify_attempts: int = Field(
+        default=3, ge=1, description="Best variants tried, in turn, until one verifies again."
+    )
+    verify_best: bool = Field(
+        default=True, description="Re-verify the best variant in a fresh evaluation before reporting it."
+    )
+    measure_baselines: bool = Field(default=True, description="Measure eager and torch.compile per task.")
+    seed: int = Field(default=0, description="Seeds the exemplar choice and the policies' sampling.")
+    lease_wait_seconds: float = Field(
+        default=0.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="When another process works on the run (it holds the run's lease), wait this long "
+        "for it before giving up; two processes on one run would measure each other.",
+    )
+    lease_ttl_seconds: float = Field(
+        default=120.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="How long the run's lease outlives its last renewal (a killed process's lease "
+        "expires after this).",
+    )
 
 
 @dataclass
@@ -219,10 +220,13 @@ class OptimizationLoop:
 
         Each call starts from the store alone, so calling it once per task gives every task the
         whole budget. The run's lease is held throughout: a second process on the same run
-        waits for it (`LoopSettings.lease_wait_s`) or stops with `LeaseHeld`.
+        waits for it (`LoopSettings.lease_wait_seconds`) or stops with `LeaseHeld`.
         """
         lease = RunLease(
-            self.store, self.layout.prefix, ttl_s=self.settings.lease_ttl_s, wait_s=self.settings.lease_wait_s
+            self.store,
+            self.layout.prefix,
+            ttl_s=self.settings.lease_ttl_seconds,
+            wait_s=self.settings.lease_wait_seconds,
         )
         with lease:
             self._lease = lease
@@ -244,7 +248,11 @@ class OptimizationLoop:
                     task, VariantDatabase(task.hash, self.gpu_class, self.settings.bucket_width)
                 )
                 ordered.append(task)
-                self.store.put_json(self.layout.task(task.hash), task_object(task))
+                try:
+                    self.store.put_json(self.layout.task(task.hash), task_object(task))
+                except ObjectConflict as error:
+                    # A damaged copy of this task's object: the task itself is in hand.
+                    self.progress.message(f"{task.name}: {error}; carrying on")
         self._load_results()
         for state in self._states.values():
             summary = self._stored_summary(state)
@@ -286,8 +294,8 @@ class OptimizationLoop:
         """The budget that has run out, if any; `in_flight_s`: seconds that evaluations still
         running have spent so far (they count against the GPU-seconds before they finish)."""
         if (
-            self.budget.wall_time_s is not None
-            and time.monotonic() - self._started >= self.budget.wall_time_s
+            self.budget.wall_time_seconds is not None
+            and time.monotonic() - self._started >= self.budget.wall_time_seconds
         ):
             return "wall-time"
         if self.budget.gpu_seconds is not None and self._gpu_used + in_flight_s >= self.budget.gpu_seconds:
@@ -300,17 +308,27 @@ class OptimizationLoop:
 
     def _load_results(self) -> None:
         """Every result the run already has for this GPU class and evaluator version."""
-        for result in self.store.list_results(self.layout.prefix):
+        for result in self.store.list_results(self.layout.prefix, on_corrupt=self._corrupt):
             key = result.key
             ours = key.gpu_class == self.gpu_class and key.evaluator_version == self.evaluator_version
             if ours and result.task_hash in self._states and key not in self._known:
                 self._known[key] = result
                 self._gpu_used += result.seconds
 
+    def _corrupt(self, error: CorruptObject) -> None:
+        """A stored object that cannot be read: name it and carry on without it (what it held
+        is measured or asked again, and the new object goes under a new key where needed)."""
+        log.warning("%s", error)
+        self.progress.message(f"skipped: {error}")
+
     def _stored_summary(self, state: _TaskState) -> TaskSummary | None:
         """The newest summary this budget wrote for the task, if any."""
         prefix = self.layout.summary_prefix(state.task.hash, self.gpu_class, self._summary_fingerprint())
-        found = [TaskSummary.model_validate(self.store.get_json(key)) for key in self.store.list(prefix)]
+        found = [
+            summary
+            for key in self.store.list(prefix)
+            if (summary := read_model(self.store, key, TaskSummary, self._corrupt)) is not None
+        ]
         return max(found, key=lambda summary: summary.finished_at) if found else None
 
     def _summary_fingerprint(self) -> str:
@@ -387,7 +405,9 @@ class OptimizationLoop:
         found = {}
         for key in self.store.list(self.layout.samples(state.task.hash, self.gpu_class, round_)):
             if key.endswith(".json"):
-                record = SampleRecord.model_validate(self.store.get_json(key))
+                record = read_model(self.store, key, SampleRecord, self._corrupt)
+                if record is None:
+                    continue
                 found[key] = record
                 state.note(record)
         return found
@@ -419,14 +439,20 @@ class OptimizationLoop:
         try:
             self.store.put_json(key, record)
         except ObjectConflict:
-            # Another worker wrote this sample first: theirs stands.
-            return SampleRecord.model_validate(self.store.get_json(key))
+            # Another worker wrote this sample first: theirs stands (unless it is corrupt:
+            # then ours is used, in memory only).
+            return read_model(self.store, key, SampleRecord, self._corrupt) or record
         return record
 
-    def _code(self, variant_hash: str) -> str:
+    def _code(self, variant_hash: str) -> str | None:
+        """The variant's code; None when its stored copy is corrupt (reported)."""
         code = self._codes.get(variant_hash)
         if code is None:
-            code = self.store.get_variant(variant_hash)
+            try:
+                code = self.store.get_variant(variant_hash)
+            except CorruptObject as error:
+                self._corrupt(error)
+                return None
             self._codes[variant_hash] = code
         return code
 
@@ -455,13 +481,17 @@ class OptimizationLoop:
             self._stop = self._stop or self._budget_stop()
             if self._stop:
                 break
-            chunk = [
-                (state, variant) for state, variant in todo[start : start + size] if not state.task_error
+            # A variant whose stored code is corrupt (reported) cannot be evaluated.
+            coded = [
+                (state, variant, code)
+                for state, variant in todo[start : start + size]
+                if not state.task_error and (code := self._code(variant)) is not None
             ]
+            chunk = [(state, variant) for state, variant, _ in coded]
             if not chunk:
                 continue
-            items = [(state.task, self._code(variant_hash)) for state, variant_hash in chunk]
-            limited = self.budget.wall_time_s is not None or self.budget.gpu_seconds is not None
+            items = [(state.task, code) for state, _, code in coded]
+            limited = self.budget.wall_time_seconds is not None or self.budget.gpu_seconds is not None
             try:
                 results: Sequence[EvaluationResult | None] = self.evaluator.evaluate_batch(
                     items,
@@ -488,10 +518,11 @@ class OptimizationLoop:
             if not record.variant_hash or record.variant_hash in state.db:
                 continue
             known = self._known.get(self._key(state.task.hash, record.variant_hash))
-            if known is None:
+            code = self._code(record.variant_hash) if known is not None else None
+            if known is None or code is None:
                 continue
             entry = Entry(
-                code=self._code(record.variant_hash),
+                code=code,
                 result=known,
                 policy=record.policy,
                 round=record.round,
@@ -609,6 +640,14 @@ class OptimizationLoop:
             return {name: Timing.model_validate(value) for name, value in stored.get("baselines", {}).items()}
         except NotFound:
             pass
+        except (CorruptObject, ValidationError, AttributeError) as error:
+            self._corrupt(
+                error
+                if isinstance(error, CorruptObject)
+                else CorruptObject(
+                    f"object {self.store.url_for(key)} holds no valid baselines ({error})", key
+                )
+            )
         if not measure:
             return {}
         try:
@@ -618,9 +657,11 @@ class OptimizationLoop:
                 f"{state.task.name}: baselines not measured ({error}); will retry on resume"
             )
             return {}
-        self.store.put_json(
-            key, {"baselines": {name: timing.model_dump(mode="json") for name, timing in measured.items()}}
-        )
+        with contextlib.suppress(ObjectConflict):  # a corrupt copy is in the way: keep these in memory
+            self.store.put_json(
+                key,
+                {"baselines": {name: timing.model_dump(mode="json") for name, timing in measured.items()}},
+            )
         return dict(measured)
 
     def _verify(
@@ -635,13 +676,13 @@ class OptimizationLoop:
             key = self.layout.verification(
                 state.task.hash, self.gpu_class, self.evaluator_version, entry.variant_hash
             )
-            try:
-                result = EvaluationResult.model_validate(self.store.get_json(key))
-            except NotFound:
+            result = read_model(self.store, key, EvaluationResult, self._corrupt)
+            if result is None:
                 if not measure:
                     return (ranked[0] if ranked else None), None
                 result = self.evaluator.evaluate(state.task, entry.code)
-                self.store.put_json(key, result)
+                with contextlib.suppress(ObjectConflict):  # only a corrupt copy can be in the way
+                    self.store.put_json(key, result)
                 self._gpu_used += result.seconds
             if result.verdict == Verdict.CORRECT:
                 # Correct again; a re-timing too noisy to give a speedup leaves the search's.

@@ -17,13 +17,15 @@ from pathlib import Path
 from typing import Any
 
 from kernelfleet.core.errors import UsageError
-from kernelfleet.core.evaluation_options import add_sandbox_options, sandbox_values
 from kernelfleet.core.models import Environment, Task
-from kernelfleet.core.store import ObjectConflict, Store, open_store
+from kernelfleet.core.options import Flag, ModelOptions
+from kernelfleet.core.settings import Budget, EvaluationSettings, LocalSettings
+from kernelfleet.core.store import CorruptObject, ObjectConflict, Store, open_store
 from kernelfleet.search._layout import RUN_ID, RunLayout, RunManifest
-from kernelfleet.search._loop import Budget, LoopSettings, optimize
+from kernelfleet.search._loop import LoopSettings, optimize
 from kernelfleet.search._progress import LiveProgress, QuietProgress
 from kernelfleet.search._report import (
+    RunReport,
     format_best_code,
     format_table,
     list_runs,
@@ -32,34 +34,56 @@ from kernelfleet.search._report import (
     resolve_run,
 )
 from kernelfleet.search.policies._base import Policy, PolicyError
+from kernelfleet.search.policies._replay import ReplayPolicy
 from kernelfleet.search.policies._specs import SPEC_FORMS, PolicyOptions, make_policy
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text} must be at least 1")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text} must be positive")
-    return value
-
-
 def _seconds(text: str) -> float:
-    """`90`, `90s`, `15m` or `2h`."""
+    """`90`, `90s`, `15m` or `2h`, in seconds; whether the value is allowed is the field's to say."""
     units = {"s": 1.0, "m": 60.0, "h": 3600.0}
     number, unit = (text[:-1], text[-1]) if text and text[-1] in units else (text, "s")
-    return _positive_float(number) * units[unit]
+    try:
+        return float(number) * units[unit]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration: write 90, 90s, 15m or 2h") from None
+
+
+# The options of `optimize`, generated from the settings models: their defaults, bounds and
+# help are the fields'. The flag names are the command line's own.
+BUDGET_OPTIONS = ModelOptions(
+    Budget,
+    Flag("samples_per_round", "--samples"),
+    Flag("wall_time_seconds", "--wall-time", parse=_seconds, metavar="DURATION"),
+    title="budget",
+)
+DEVICE_OPTIONS = ModelOptions(LocalSettings)
+EVALUATION_OPTIONS = ModelOptions(
+    EvaluationSettings,
+    Flag("timeout_seconds", "--timeout", parse=_seconds, metavar="DURATION"),
+    Flag("memory_limit", metavar="SIZE"),
+    Flag("min_isolation", metavar="LEVEL"),
+)
+SEARCH_OPTIONS = ModelOptions(
+    LoopSettings,
+    Flag("verify_best", "--no-verify", help="skip re-verifying the best variant"),
+    Flag("measure_baselines", "--no-baselines", help="skip measuring eager and torch.compile"),
+    Flag("lease_wait_seconds", "--lease-wait", parse=_seconds, metavar="DURATION"),
+    only=[
+        "exemplars",
+        "bucket_temperature",
+        "seed",
+        "verify_best",
+        "measure_baselines",
+        "lease_wait_seconds",
+    ],
+    title="search",
+)
+POLICY_OPTIONS = ModelOptions(
+    PolicyOptions,
+    Flag("timeout_s", "--request-timeout", metavar="SECONDS"),
+    skip=["batch_size", "device"],
+    title="language-model policies (openai, hf, vllm)",
+)
 
 
 def _add_store(parser: argparse.ArgumentParser) -> None:
@@ -78,7 +102,6 @@ def register_optimize(subcommands: argparse._SubParsersAction) -> None:
         help="make PyTorch workloads faster, verifiably: propose, evaluate, keep the best",
         description="Run the contrastive optimisation loop over TASKS and print the best verified variant "
         "per task. Running the same command again resumes the run from the store.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument(
         "tasks",
@@ -93,66 +116,16 @@ def register_optimize(subcommands: argparse._SubParsersAction) -> None:
         metavar="SPEC",
         help="repeatable; one of: " + "; ".join(SPEC_FORMS) + " (default: compile)",
     )
-    budget = parser.add_argument_group("budget")
-    budget.add_argument("--rounds", type=_positive_int, default=4, help="contrastive rounds per task")
-    budget.add_argument(
-        "--samples", type=_positive_int, default=4, help="variants per policy per task per round"
-    )
-    budget.add_argument(
-        "--wall-time",
-        type=_seconds,
-        default=None,
-        metavar="DURATION",
-        help="stop searching after this long (90, 90s, 15m, 2h); this call only",
-    )
-    budget.add_argument(
-        "--gpu-seconds",
-        type=_positive_float,
-        default=None,
-        help="stop once the run's evaluations took this many device seconds",
-    )
-    budget.add_argument(
-        "--target-speedup",
-        type=_positive_float,
-        default=None,
-        help="stop a task once a variant is this much faster than eager",
-    )
+    BUDGET_OPTIONS.add_to(parser)
     _add_store(parser)
     parser.add_argument(
         "--run", default=None, help="run id (default: derived from tasks, policies and device)"
     )
-    parser.add_argument(
-        "--lease-wait",
-        type=_seconds,
-        default=0.0,
-        metavar="DURATION",
-        help="when another process holds the run, wait this long for it (90, 15m) before giving up",
-    )
     evaluation = parser.add_argument_group("evaluation")
-    evaluation.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
-    evaluation.add_argument("--profile", default="strict", choices=("strict", "kernelbench-v0"))
-    evaluation.add_argument("--timing-trials", type=_positive_int, default=100)
-    evaluation.add_argument("--correctness-trials", type=_positive_int, default=5)
-    add_sandbox_options(evaluation)
-    search = parser.add_argument_group("search")
-    search.add_argument("--exemplars", type=int, default=2, help="earlier variants shown in each prompt (K)")
-    search.add_argument(
-        "--bucket-temperature",
-        type=float,
-        default=1.0,
-        help="softmax temperature of the exemplar buckets (lower favours the fastest)",
-    )
-    search.add_argument("--seed", type=int, default=0)
-    search.add_argument("--no-verify", action="store_true", help="skip re-verifying the best variant")
-    search.add_argument("--no-baselines", action="store_true", help="skip measuring eager/torch.compile")
-    models = parser.add_argument_group("language-model policies (openai, hf, vllm)")
-    models.add_argument("--temperature", type=float, default=0.8)
-    models.add_argument("--top-p", type=float, default=None)
-    models.add_argument("--max-tokens", type=_positive_int, default=4096)
-    models.add_argument("--concurrency", type=_positive_int, default=8, help="requests in flight (openai)")
-    models.add_argument("--request-timeout", type=_positive_float, default=600.0, help="seconds (openai)")
-    models.add_argument("--retries", type=int, default=3, help="retries of a failed request (openai)")
-    models.add_argument("--stream", action="store_true", help="stream answers (openai)")
+    DEVICE_OPTIONS.add_to(evaluation)
+    EVALUATION_OPTIONS.add_to(evaluation)
+    SEARCH_OPTIONS.add_to(parser)
+    POLICY_OPTIONS.add_to(parser)
     output = parser.add_argument_group("output")
     output.add_argument("--json", action="store_true", help="print the task summaries as JSON")
     output.add_argument("--quiet", action="store_true", help="no live progress on stderr")
@@ -218,6 +191,24 @@ def _load_tasks(selections: list[str]) -> list[Task]:
     return list(tasks.values())
 
 
+def _check_replay_rows(policies: Sequence[Policy], tasks: Sequence[Task]) -> None:
+    """Replay rows must name tasks of the run: a typo would otherwise end in "0 variants",
+    with nothing said."""
+    for policy in policies:
+        if not isinstance(policy, ReplayPolicy):
+            continue
+        stray = sorted({row.task for row in policy.rows if not any(row.matches(task) for task in tasks)})
+        if not stray:
+            continue
+        names = ", ".join(task.name for task in tasks[:10]) + (", ..." if len(tasks) > 10 else "")
+        if len(stray) == len({row.task for row in policy.rows}):
+            raise UsageError(
+                f"no row of the replay file names a task of this run: the rows name {', '.join(stray[:10])}; "
+                f"the tasks are {names}. Check the task names in the file"
+            )
+        _warn(f"replay rows for {', '.join(stray[:10])} name no task of this run (the tasks are {names})")
+
+
 def evaluator_environment(evaluator: Any) -> Environment:
     """The environment the evaluator measures in: its GPU class and version key the results."""
     environment = getattr(evaluator, "environment", None)
@@ -239,60 +230,53 @@ def write_manifest(store: Store, layout: RunLayout, manifest: RunManifest) -> No
     try:
         store.put_json(layout.manifest, manifest)
     except ObjectConflict:
+        try:
+            store.read_model(layout.manifest, RunManifest)
+        except CorruptObject as error:
+            # The run's other objects are intact and keyed by content: carry on without it.
+            _warn(f"{error}; carrying on without it")
+            return
         raise UsageError(
             f"run {manifest.run_id} already exists in {store.url} with other tasks, policies or device; "
             "choose another --run, or leave --run out to get an id derived from the inputs"
         ) from None
 
 
+def _warn(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr)
+
+
+def _warn_skipped(report: RunReport) -> None:
+    for message in report.skipped:
+        _warn(f"left out: {message}")
+
+
 def run_optimize(args: argparse.Namespace) -> int:
-    options = PolicyOptions(
-        temperature=args.temperature,
-        top_p=args.top_p,
-        max_tokens=args.max_tokens,
-        concurrency=args.concurrency,
-        timeout_s=args.request_timeout,
-        retries=max(0, args.retries),
-        stream=args.stream,
-        device=None,
-    )
     if args.run is not None and not RUN_ID.match(args.run):
         raise UsageError(f"--run {args.run!r}: use letters, digits, '.', '_' and '-' (up to 100)")
-    budget = Budget(
-        rounds=args.rounds,
-        samples_per_round=args.samples,
-        wall_time_s=args.wall_time,
-        gpu_seconds=args.gpu_seconds,
-        target_speedup=args.target_speedup,
-    )
-    settings = LoopSettings(
-        exemplars=max(0, args.exemplars),
-        bucket_temperature=args.bucket_temperature,
-        seed=args.seed,
-        verify_best=not args.no_verify,
-        measure_baselines=not args.no_baselines,
-        lease_wait_s=args.lease_wait,
-    )
+    options = POLICY_OPTIONS.build(args)
+    budget = BUDGET_OPTIONS.build(args)
+    settings = SEARCH_OPTIONS.build(args)
+    evaluation = EVALUATION_OPTIONS.build(args)
+    local = DEVICE_OPTIONS.build(args)
     specs = args.policies or ["compile"]
     policies: list[Policy] = []
     try:
         for spec in specs:
             policies.append(make_policy(spec, options))
         tasks = _load_tasks(args.tasks)
+        _check_replay_rows(policies, tasks)
         store = open_store(args.store)
 
         from kernelfleet.evaluator import BASELINE_MODES, EvalConfig, Evaluator
 
-        device = args.device or _default_device()
+        device = local.device or _default_device()
         config = EvalConfig(
+            **evaluation.model_dump(),
             device=device,
-            profile=args.profile,
-            correctness_trials=args.correctness_trials,
-            timing_trials=args.timing_trials,
             # The table compares with eager and torch.compile; on a CPU the other modes
             # (reduce-overhead, CUDA graphs) add compile time and nothing to compare.
             baseline_modes=BASELINE_MODES if device != "cpu" else ("eager", "compile"),
-            **sandbox_values(args),
         )
         progress = QuietProgress() if args.quiet else LiveProgress()
         with Evaluator(config) as evaluator:
@@ -337,6 +321,7 @@ def run_optimize(args: argparse.Namespace) -> int:
         print(json.dumps([summary.model_dump(mode="json") for summary in summaries], indent=2))
         return 0
     report = load_run(store, layout.prefix, with_code=False)
+    _warn_skipped(report)
     wanted = {task.hash for task in tasks}
     outcomes = [o for o in report.outcomes if o.task.hash in wanted and o.gpu_class == environment.gpu_class]
     print(format_table(outcomes))
@@ -364,6 +349,7 @@ def run_results(args: argparse.Namespace) -> int:
             print(f"no runs in {store.url}; start one with `kernelfleet optimize TASKS`", file=sys.stderr)
         return 0
     report = load_run(store, resolve_run(store, args.run), with_code=args.code or args.json)
+    _warn_skipped(report)
     if args.json:
         rows = []
         for outcome in report.outcomes:
@@ -394,6 +380,7 @@ def run_results(args: argparse.Namespace) -> int:
 def run_report(args: argparse.Namespace) -> int:
     store = open_store(args.store)
     report = load_run(store, resolve_run(store, args.run))
+    _warn_skipped(report)
     slug = "".join(char if char.isalnum() or char in "._-" else "-" for char in report.name)
     output = Path(args.output or f"kernelfleet-report-{slug}.html")
     try:

@@ -31,8 +31,8 @@ FAST: dict[str, Any] = {
     "timing_retries": 1,
     "speedup_recheck": None,
     "seed": 20261201,
-    "run_timeout_s": 120.0,
-    "memory_limit_bytes": 2 * 1024**3,
+    "timeout_seconds": 120.0,
+    "memory_limit": "2Gi",
     "scratch_bytes": 256 * 1024**2,
 }
 TASK = Task(name="matmul", code=C.MATMUL_TASK)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from kernelfleet.core.errors import UsageError
-from kernelfleet.core.models import Task, parse_bytes
+from kernelfleet.core.models import Task
 from kernelfleet.core.resources import StageType
 from kernelfleet.core.store import NotFound, ObjectConflict, Store, open_store
 from kernelfleet.core.tasks import load_tasks
@@ -96,15 +96,7 @@ def open_run(
     tasks = load_run_tasks(config)
     split = split_tasks(tasks, config.spec.held_out)
     evaluation = config.spec.evaluation
-    settings: dict[str, Any] = {
-        "device": device or _default_device(),
-        "profile": evaluation.profile.value,
-        "correctness_trials": evaluation.correctness_trials,
-        "timing_trials": evaluation.timing_trials,
-        "run_timeout_s": evaluation.timeout_seconds,
-        "memory_limit_bytes": parse_bytes(evaluation.memory_limit) if evaluation.memory_limit else None,
-        "min_isolation": evaluation.min_isolation,
-    }
+    settings: dict[str, Any] = {**evaluation.model_dump(), "device": device or _default_device()}
     settings.update(eval_overrides or {})
     with Evaluator(EvalConfig(**settings)) as evaluator:
         ctx = StageContext(

@@ -23,8 +23,17 @@ import os
 
 from kernelfleet.core.config import StoreConfig
 from kernelfleet.core.errors import StoreError
-from kernelfleet.core.store._base import CheckStep, ObjectInfo, Progress, Store, encode_json, variant_key
+from kernelfleet.core.store._base import (
+    CheckStep,
+    ObjectInfo,
+    OnCorrupt,
+    Progress,
+    Store,
+    encode_json,
+    variant_key,
+)
 from kernelfleet.core.store._errors import (
+    CorruptObject,
     IntegrityError,
     NotFound,
     ObjectConflict,
@@ -42,6 +51,7 @@ from kernelfleet.core.store._verify import Finding, RunCheck, verify_run
 __all__ = [
     "MANIFEST_NAME",
     "CheckStep",
+    "CorruptObject",
     "DirManifest",
     "Finding",
     "IntegrityError",
@@ -53,6 +63,7 @@ __all__ = [
     "NotFound",
     "ObjectConflict",
     "ObjectInfo",
+    "OnCorrupt",
     "Progress",
     "ResultConflict",
     "RunCheck",
