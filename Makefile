@@ -13,7 +13,7 @@ BINDIR := $(shell scripts/build-test-binaries.sh --print-dir)
 # The CPU build of torch is enough for the tests and the demo; the pin matches the GPU machine.
 TORCH  ?= torch==2.11.0
 
-.PHONY: install binaries demo cluster-demo test test-unit lint gpu-check clean
+.PHONY: install sandbox-tools binaries demo cluster-demo test test-unit lint gpu-check clean
 
 $(STAMP): pyproject.toml core/pyproject.toml evaluator/pyproject.toml search/pyproject.toml trainer/pyproject.toml operator/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,7 +22,14 @@ $(STAMP): pyproject.toml core/pyproject.toml evaluator/pyproject.toml search/pyp
 	$(PY) -m pip install -q -e ./core -e ./evaluator -e ./search -e ./trainer -e ./operator -e '.[dev]'
 	touch $(STAMP)
 
-install: $(STAMP)
+install: $(STAMP) sandbox-tools
+
+# bubblewrap walls candidates in (docs/sandbox.md). Installed when missing and we are root on a
+# machine with apt; otherwise a note, and candidates run at the strongest level still available.
+sandbox-tools:
+	@command -v bwrap >/dev/null 2>&1 || \
+	  { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && apt-get install -y -q bubblewrap >/dev/null 2>&1; } || \
+	  echo "note: bubblewrap (bwrap) is not installed: install it for the strongest sandbox (docs/sandbox.md)"
 
 binaries:
 	scripts/build-test-binaries.sh

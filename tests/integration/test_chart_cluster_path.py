@@ -168,12 +168,15 @@ def test_service_monitor_is_off_by_default_and_scrapes_the_operator_when_on(helm
         "--set",
         "metrics.serviceMonitor.labels.release=prometheus",
         "--set",
-        "metrics.port=9191",
+        "operator.metricsPort=9191",
     )
     service = of_kind(docs, "Service")[(NAMESPACE, f"{FULLNAME}-metrics")]
     assert service["spec"]["ports"] == [
-        {"name": "metrics", "port": 9191, "targetPort": 9191, "protocol": "TCP"}
+        {"name": "metrics", "port": 9191, "targetPort": "metrics", "protocol": "TCP"}
     ]
+    deployment = of_kind(docs, "Deployment")[(NAMESPACE, f"{FULLNAME}-operator")]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert {"name": "metrics", "containerPort": 9191, "protocol": "TCP"} in container["ports"]
     deployment = of_kind(docs, "Deployment")[(NAMESPACE, f"{FULLNAME}-operator")]
     pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert service["spec"]["selector"].items() <= pod_labels.items()

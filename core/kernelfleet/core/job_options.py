@@ -27,4 +27,9 @@ BUDGET_OPTIONS = ModelOptions(
     Flag("wall_time_seconds", "--wall-time", parse=parse_duration, metavar="DURATION"),
     title="budget",
 )
-EVALUATION_OPTIONS = ModelOptions(EvaluationSettings)
+EVALUATION_OPTIONS = ModelOptions(
+    EvaluationSettings,
+    Flag("timeout_seconds", "--timeout", parse=parse_duration, metavar="DURATION"),
+    Flag("memory_limit", metavar="SIZE"),
+    Flag("min_isolation", metavar="LEVEL"),
+)

@@ -47,7 +47,15 @@ SEARCH_OPTIONS = ModelOptions(
     LoopSettings,
     Flag("verify_best", "--no-verify", help="skip re-verifying the best variant"),
     Flag("measure_baselines", "--no-baselines", help="skip measuring eager and torch.compile"),
-    only=["exemplars", "bucket_temperature", "seed", "verify_best", "measure_baselines"],
+    Flag("lease_wait_seconds", "--lease-wait", parse=_seconds, metavar="DURATION"),
+    only=[
+        "exemplars",
+        "bucket_temperature",
+        "seed",
+        "verify_best",
+        "measure_baselines",
+        "lease_wait_seconds",
+    ],
     title="search",
 )
 POLICY_OPTIONS = ModelOptions(
