@@ -17,9 +17,10 @@ from kernelfleet.core.errors import UsageError
 from kernelfleet.operator.devcluster._process import bin_dir
 
 BUILD_SCRIPT = Path(__file__).resolve().parent / "build-binaries.sh"
-# Measured: a cold build of all seven servers on a 2-core, 24 GiB machine (kube-apiserver and
-# the controller-manager dominate). A warm cache (Go's module and build caches kept) is minutes.
-FIRST_BUILD = "about 30-45 minutes on 2 cores (less with more cores)"
+# Measured: a cold build of all seven servers took 81 minutes on a 2-core, 24 GiB machine that
+# other work shared (load average about 20; kube-apiserver and the controller-manager dominate).
+# A warm cache (Go's module and build caches kept) rebuilds in minutes.
+FIRST_BUILD = "up to 80 minutes on 2 busy cores (81 min measured; faster on more or idle cores)"
 GO_VERSION_HINT = "Go 1.26 or newer with access to the Go module proxy"
 
 
