@@ -8,6 +8,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from pydantic import ValidationError
+
 from kernelfleet.core.errors import UsageError
 from kernelfleet.core.resources import GROUP, VERSION, OptimizationJobSpec, TrainingRunSpec
 from kernelfleet.core.run_location import store_config
@@ -29,6 +31,7 @@ from kernelfleet.operator.client._submit import (
     manifest,
     policy_spec,
     read_manifests,
+    spec_errors,
     succeeded,
     task_selections,
 )
@@ -197,7 +200,10 @@ def submit(args: argparse.Namespace) -> int:
                 values["store"] = args.store
             if getattr(args, "verify_on", None):
                 values["verify_on"] = list(dict.fromkeys(args.verify_on))
-            spec = SPEC_OPTIONS.build_from(values)
+            try:
+                spec = OptimizationJobSpec.model_validate(values)
+            except ValidationError as error:
+                raise UsageError(f"bad option: {spec_errors(error)}") from None
             name = args.name or derived_name("OptimizationJob", spec)
             documents = [manifest("OptimizationJob", name, spec, cluster.namespace)]
         for document in documents:
