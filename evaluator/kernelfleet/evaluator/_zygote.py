@@ -55,11 +55,11 @@ class _Zygote:
         self.wake = (wake_read, wake_write)
         self.control.send({"op": "ready", "pid": self.pid, "tmp": str(self.tmp_root)})
         while True:
-            readable, _, _ = select.select([self.control, wake_read], [], [], 0.5)
+            readable, _, _ = select.select([self.control.fileno(), wake_read], [], [], 0.5)
             if wake_read in readable:
                 with contextlib.suppress(OSError):
                     os.read(wake_read, 4096)
-            if self.control in readable:
+            if self.control.fileno() in readable:
                 fds: list[int] = []
                 try:
                     message = self.control.receive(timeout=5.0, fds=fds)
