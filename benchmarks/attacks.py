@@ -60,6 +60,8 @@ def _one(args: argparse.Namespace) -> int:
         "timeout_seconds": 120.0,
     }
     fields = EvalConfig.model_fields
+    if "timeout_seconds" not in fields:  # an evaluator from before the sandbox
+        values["run_timeout_s"] = values.pop("timeout_seconds")
     if "isolation" in fields:
         values.update(isolation=args.level, memory_limit="2Gi", scratch_bytes=256 * 1024**2)
     with Evaluator(EvalConfig(**values)) as evaluator:
