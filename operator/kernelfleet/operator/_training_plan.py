@@ -32,12 +32,6 @@ from kernelfleet.core.resources import RewardSpec, StageType, TrainingRunSpec, T
 EVAL_PORT = 8470
 """The port of the run's evaluation service (`kernelfleet eval serve`'s default)."""
 
-LABEL_RUN = "kernelfleet.io/trainingrun"
-LABEL_STAGE = "kernelfleet.io/stage"
-LABEL_COMPONENT = "kernelfleet.io/component"
-COMPONENT_STAGE = "training-stage"
-COMPONENT_EVAL = "reward-evaluator"
-
 _NAME_LIMIT = 63  # a Job's name is also its pods' `job-name` label value, and a label value is <= 63
 
 
@@ -109,11 +103,6 @@ def _compose(parts: list[str], suffix: str, limit: int = _NAME_LIMIT) -> str:
     return "-".join([*trimmed, suffix])
 
 
-def run_prefix(namespace: str, name: str, uid: str) -> str:
-    """The run's root in the store; the uid keeps a re-created run of the same name apart."""
-    return f"trainingruns/{namespace}/{name}/{uid}"
-
-
 def stage_job_name(run: str, uid: str, stage: str) -> str:
     """Deterministic, so a handler that runs twice finds the Job instead of making another."""
     return _compose([run, stage], _digest(uid, stage))
@@ -124,27 +113,47 @@ def eval_service_name(run: str, uid: str, stage: str) -> str:
     return _compose(["eval", run, stage], _digest(uid, stage, "eval"))
 
 
-def eval_token_secret_name(run: str, uid: str, stage: str) -> str:
-    return eval_service_name(run, uid, stage) + "-token"
+@dataclass(frozen=True)
+class RunRef:
+    """One TrainingRun, by namespace, name and uid: what every name and place derives from."""
 
+    namespace: str
+    name: str
+    uid: str
 
-def eval_service_url(run: str, uid: str, stage: str, namespace: str) -> str:
-    return f"http://{eval_service_name(run, uid, stage)}.{namespace}.svc:{EVAL_PORT}"
+    @property
+    def prefix(self) -> str:
+        """The run's root in the store; the uid keeps a re-created run of the same name apart."""
+        return f"trainingruns/{self.namespace}/{self.name}/{self.uid}"
+
+    def job_name(self, stage: str) -> str:
+        return stage_job_name(self.name, self.uid, stage)
+
+    def eval_name(self, stage: str) -> str:
+        return eval_service_name(self.name, self.uid, stage)
+
+    def eval_token_name(self, stage: str) -> str:
+        return self.eval_name(stage) + "-token"
+
+    def eval_url(self, stage: str) -> str:
+        return f"http://{self.eval_name(stage)}.{self.namespace}.svc:{EVAL_PORT}"
 
 
 def reward_gpu_class(spec: TrainingRunSpec) -> str:
     return spec.reward_gpu_class or spec.gpu_class
 
 
-def runs_own_evaluator(spec: TrainingRunSpec, stage: TrainingStage) -> bool:
-    """An RL stage gets an evaluation service of the run's own unless the spec names a service
-    (`reward.serviceUrl`) or gives it no GPUs (`rewardGpus: 0`: rewards in the training pod)."""
+def runs_own_evaluator(spec: TrainingRunSpec, stage: TrainingStage, run: RunRef) -> bool:
+    """An RL stage gets an evaluation service of the run's own unless the spec names another
+    (`reward.serviceUrl`) or gives it no GPUs (`rewardGpus: 0`: rewards in the training pod).
+    In the recorded spec the URL is the run's own service's (see `resolved_spec`)."""
     if stage.type != StageType.GRPO or spec.reward_gpus == 0:
         return False
-    return not (stage.reward is not None and stage.reward.service_url)
+    url = stage.reward.service_url if stage.reward is not None else ""
+    return url in ("", run.eval_url(stage.name))
 
 
-def resolved_spec(spec: TrainingRunSpec, namespace: str, name: str, uid: str) -> TrainingRunSpec:
+def resolved_spec(spec: TrainingRunSpec, run: RunRef) -> TrainingRunSpec:
     """The spec the stage pods train with, as recorded in the store at the run's start.
 
     `suspend` is the operator's business, not the trainer's, so it is recorded as False; an RL
@@ -153,9 +162,9 @@ def resolved_spec(spec: TrainingRunSpec, namespace: str, name: str, uid: str) ->
     """
     stages = []
     for stage in spec.stages:
-        if runs_own_evaluator(spec, stage):
+        if runs_own_evaluator(spec, stage, run):
             reward = (stage.reward or RewardSpec()).model_copy(
-                update={"service_url": eval_service_url(name, uid, stage.name, namespace)}
+                update={"service_url": run.eval_url(stage.name)}
             )
             stage = stage.model_copy(update={"reward": reward})
         stages.append(stage)
@@ -190,6 +199,7 @@ def current_stage(spec: TrainingRunSpec, jobs: Mapping[str, JobView]) -> Trainin
 
 def plan_run(
     spec: TrainingRunSpec,
+    run: RunRef,
     jobs: Mapping[str, JobView],
     *,
     service_ready: bool,
@@ -210,7 +220,7 @@ def plan_run(
     job = jobs.get(stage.name, MISSING_JOB)
     if job.state == JobState.FAILED:
         return Plan(Phase.FAILED, f"{where} failed: {job.message or 'its Job failed'}", stage)
-    needs_service = runs_own_evaluator(spec, stage)
+    needs_service = runs_own_evaluator(spec, stage, run)
     if suspend:
         return Plan(
             Phase.SUSPENDED,
