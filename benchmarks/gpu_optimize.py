@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
                 evaluator=evaluator,
                 environment=environment,
                 # One round proposes every variant; a second one lets the loop notice exhaustion.
-                budget=Budget(rounds=2, samples_per_round=8, wall_time_s=args.wall_time),
+                budget=Budget(rounds=2, samples_per_round=8, wall_time_seconds=args.wall_time),
                 settings=settings,
                 progress=LiveProgress(),
             )

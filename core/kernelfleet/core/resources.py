@@ -1,6 +1,8 @@
 """The custom resources' specs and statuses: OptimizationJob and TrainingRun (kernelfleet.io/v1alpha1).
 
-These models are the single source of the CRDs: `scripts/generate-crds.py` turns them into
+The budget and the evaluation settings are the runtime's own models (`kernelfleet.core.settings`):
+a job and `kernelfleet optimize` share their defaults, bounds and help. These models are the
+single source of the CRDs: `scripts/generate-crds.py` turns them into
 `crds/*.yaml`, and a test fails when the files are stale. Field names are camelCase, as
 Kubernetes users expect, except inside training stages, which reuse trl's `SFTConfig` and
 `GRPOConfig` names (`learning_rate`, `num_generations`, ...) so that users can carry a trl
@@ -15,8 +17,36 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
+from kernelfleet.core.settings import Budget, EvaluationProfile, EvaluationSettings
+
 GROUP = "kernelfleet.io"
 VERSION = "v1alpha1"
+
+__all__ = [
+    "GROUP",
+    "VERSION",
+    "Budget",
+    "ClassStatus",
+    "Condition",
+    "EvaluationProfile",
+    "EvaluationSettings",
+    "GRPOStageConfig",
+    "HeldOutSpec",
+    "OptimizationJobSpec",
+    "OptimizationJobStatus",
+    "PeftFields",
+    "PolicyKind",
+    "PolicySpec",
+    "RewardSpec",
+    "SFTStageConfig",
+    "SelfTrainStageConfig",
+    "StageData",
+    "StageType",
+    "TrainingRunSpec",
+    "TrainingRunStatus",
+    "TrainingStage",
+    "TrainingStageStatus",
+]
 
 GpuClassName = Annotated[str, Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=40)]
 
@@ -45,27 +75,6 @@ class PolicySpec(_Spec):
     temperature: float = Field(default=0.8, ge=0, le=2)
 
 
-class Budget(_Spec):
-    rounds: int = Field(default=4, ge=1, le=1000, description="Contrastive rounds per task.")
-    samples_per_round: int = Field(default=8, ge=1, le=1024, description="Variants proposed per round.")
-    wall_time_seconds: int | None = Field(default=None, ge=1, description="Stop a task after this long.")
-    gpu_seconds: int | None = Field(default=None, ge=1, description="Stop a task after this much GPU time.")
-    target_speedup: float | None = Field(default=None, gt=1, description="Stop a task once reached.")
-
-
-class EvaluationProfile(enum.StrEnum):
-    STRICT = "strict"
-    KERNELBENCH_V0 = "kernelbench-v0"
-
-
-class EvaluationSpec(_Spec):
-    profile: EvaluationProfile = Field(
-        default=EvaluationProfile.STRICT, description="strict or kernelbench-v0."
-    )
-    correctness_trials: int = Field(default=5, ge=1, le=1000)
-    timing_trials: int = Field(default=100, ge=10, le=100000)
-
-
 class OptimizationJobSpec(_Spec):
     """What to optimise, where, with which policy and budget."""
 
@@ -81,8 +90,10 @@ class OptimizationJobSpec(_Spec):
         min_length=1,
         description="Policies that propose variants.",
     )
-    budget: Budget = Field(default=Budget())
-    evaluation: EvaluationSpec = Field(default=EvaluationSpec())
+    budget: Budget = Field(default_factory=Budget, description="When the search stops; see Budget.")
+    evaluation: EvaluationSettings = Field(
+        default_factory=EvaluationSettings, description="What an evaluation measures and how strictly."
+    )
     parallelism: int = Field(default=1, ge=1, le=1024, description="Worker pods per GPU class.")
     gpus_per_pod: int = Field(default=1, ge=1, le=8)
     store: str = Field(default="", description="Store URL; empty means the operator's configured store.")
@@ -266,7 +277,9 @@ class TrainingRunSpec(_Spec):
     tasks: list[str] = Field(min_length=1, description="Task selections used for data and rewards.")
     stages: list[TrainingStage] = Field(min_length=1)
     held_out: HeldOutSpec = Field(default_factory=HeldOutSpec)
-    evaluation: EvaluationSpec = Field(default=EvaluationSpec())
+    evaluation: EvaluationSettings = Field(
+        default_factory=EvaluationSettings, description="How rewards and held-out results are evaluated."
+    )
     gpu_class: GpuClassName = "h100"
     gpus: int = Field(default=1, ge=1, le=64)
     reward_gpu_class: str = Field(

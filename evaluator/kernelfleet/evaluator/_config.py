@@ -16,13 +16,12 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
-from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, field_validator
 
+from kernelfleet.core.settings import Device, EvaluationProfile, EvaluationSettings
 from kernelfleet.evaluator._version import EVALUATOR_VERSION
 
-ProfileName = Literal["strict", "strict-tf32", "kernelbench-v0"]
 BASELINE_MODES = ("eager", "compile", "compile-reduce-overhead", "cudagraph")
 
 
@@ -49,8 +48,10 @@ class Profile:
         return flag in self.allowed_settings and str(value).lower() not in ("medium", "bf16")
 
 
+# Keyed by the profile enum, whose members are also their names as strings ("strict", ...);
+# a test checks that every profile has rules.
 PROFILES: dict[str, Profile] = {
-    "strict": Profile(
+    EvaluationProfile.STRICT: Profile(
         name="strict",
         tolerances={
             "float64": (1e-7, 1e-7),
@@ -66,7 +67,7 @@ PROFILES: dict[str, Profile] = {
     ),
     # strict, for users who train with TF32: a candidate may turn TF32 on (it then runs on both
     # sides), and fp32 compares at 1e-3, what TF32's 10-bit mantissa leaves of a matmul.
-    "strict-tf32": Profile(
+    EvaluationProfile.STRICT_TF32: Profile(
         name="strict-tf32",
         tolerances={
             "float64": (1e-7, 1e-7),
@@ -92,7 +93,7 @@ PROFILES: dict[str, Profile] = {
             }
         ),
     ),
-    "kernelbench-v0": Profile(
+    EvaluationProfile.KERNELBENCH_V0: Profile(
         name="kernelbench-v0",
         tolerances={
             "float64": (1e-2, 1e-2),
@@ -116,16 +117,16 @@ def default_cache_dir() -> Path:
     return base / "evaluator"
 
 
-class EvalConfig(BaseModel):
-    """Settings of one evaluator. Every field has a safe default; tests shrink the trials."""
+class EvalConfig(EvaluationSettings):
+    """Settings of one evaluator. Every field has a safe default; tests shrink the trials.
+
+    The fields a user sets (profile, trials, ...) are `EvaluationSettings`', shared with the job
+    spec and the command line; the rest are the evaluator's own.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    device: str = Field(default="cpu", description="'cpu', 'cuda' (all local GPUs) or 'cuda:N'.")
-    profile: ProfileName = "strict"
-    correctness_trials: int = Field(default=5, ge=1, description="Fresh seed and inputs each.")
-    timing_trials: int = Field(default=100, ge=3, description="Timed calls of each side.")
-    warmup: int = Field(default=10, ge=1, description="Untimed interleaved rounds first.")
+    device: Device = Field(default="cpu", description="'cpu', 'cuda' (all local GPUs) or 'cuda:N'.")
     compile_timeout_s: float = Field(default=180.0, gt=0)
     run_timeout_s: float = Field(default=300.0, gt=0, description="Per child: load, check, time.")
     speedup_recheck: float | None = Field(
@@ -135,7 +136,6 @@ class EvalConfig(BaseModel):
         default=0.2, ge=0, description="Relative disagreement of the two timings that is reported."
     )
     review_ceiling: float = Field(default=10.0, gt=0, description="Speedups above are flagged.")
-    require_kernel: bool = Field(default=False, description="Demand a custom CUDA/C++ or Triton kernel.")
     float64_reference: bool = Field(default=False, description="Compare fp32 outputs to an fp64 run.")
     max_speedup_cv: float | None = Field(
         default=0.1,
@@ -177,15 +177,6 @@ class EvalConfig(BaseModel):
     baseline_modes: tuple[str, ...] = BASELINE_MODES
     baseline_trials: int | None = Field(default=None, description="None: timing_trials.")
 
-    @field_validator("device")
-    @classmethod
-    def _check_device(cls, value: str) -> str:
-        if value == "cpu" or value == "cuda":
-            return value
-        if value.startswith("cuda:") and value[5:].isdigit():
-            return value
-        raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', not {value!r}")
-
     @field_validator("baseline_modes")
     @classmethod
     def _check_modes(cls, value: tuple[str, ...]) -> tuple[str, ...]:
@@ -202,7 +193,7 @@ class EvalConfig(BaseModel):
     def result_version(self) -> str:
         """The evaluator version written into results: the profile and kernel demand are part
         of it, because they change verdicts, and results are cached by version."""
-        suffix = self.profile + (".kernel" if self.require_kernel else "")
+        suffix = str(self.profile) + (".kernel" if self.require_kernel else "")
         return f"{EVALUATOR_VERSION}+{suffix}"
 
     @property

@@ -386,7 +386,7 @@ class Evaluator:
             flagged_for_review=flagged,
             max_abs_error=max_abs_error,
             environment=environment,
-            profile=config.profile,
+            profile=str(config.profile),
             seconds=round(seconds, 3),
             log=log[-_LOG_LIMIT:] if verdict != "correct" else "",
             stages={name: round(value, 4) for name, value in item.stages.items()},

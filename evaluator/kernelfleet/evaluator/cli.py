@@ -20,14 +20,29 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
 from kernelfleet.core import reasons as R
 from kernelfleet.core.errors import UsageError
 from kernelfleet.core.models import EvaluationResult, Task
+from kernelfleet.core.options import Flag, ModelOptions
+from kernelfleet.core.settings import EvaluationSettings
 from kernelfleet.core.tasks import missing_task_names
-from kernelfleet.evaluator._config import BASELINE_MODES, PROFILES, EvalConfig
+from kernelfleet.evaluator._config import BASELINE_MODES, EvalConfig
 from kernelfleet.evaluator._evaluator import Evaluator
+
+# The evaluation options, generated from the config's fields (defaults, bounds and help live
+# there); `--trials` is the short name of `--timing-trials`.
+_SHARED_FLAGS = (
+    Flag("device", default_text="cuda if available, else cpu", metavar="DEVICE"),
+    Flag("timing_trials", ("--timing-trials", "--trials"), metavar="N"),
+)
+EVAL_OPTIONS = ModelOptions(
+    EvalConfig,
+    *_SHARED_FLAGS,
+    only=["device", *EvaluationSettings.model_fields, "float64_reference", "seed"],
+)
+SERVE_OPTIONS = ModelOptions(
+    EvalConfig, *_SHARED_FLAGS, only=["device", *EvaluationSettings.model_fields, "lane_slots"]
+)
 
 
 def register(subcommands: argparse._SubParsersAction) -> None:
@@ -41,24 +56,7 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--reference", metavar="REF.py", help="task file: Model, get_inputs, ...")
     parser.add_argument("--candidate", metavar="CAND.py", help="candidate file defining ModelNew")
-    parser.add_argument(
-        "--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available, else cpu)"
-    )
-    parser.add_argument("--profile", default="strict", choices=sorted(PROFILES))
-    parser.add_argument(
-        "--trials", type=int, default=None, metavar="N", help="timed calls of each side (100)"
-    )
-    parser.add_argument(
-        "--correctness-trials", type=int, default=None, metavar="N", help="fresh-input trials (5)"
-    )
-    parser.add_argument("--warmup", type=int, default=None, metavar="N")
-    parser.add_argument(
-        "--require-kernel", action="store_true", help="demand a custom CUDA/C++ or Triton kernel"
-    )
-    parser.add_argument(
-        "--float64-reference", action="store_true", help="compare fp32 outputs to an fp64 run"
-    )
-    parser.add_argument("--seed", type=int, default=None)
+    EVAL_OPTIONS.add_to(parser)
     parser.add_argument("--timeout", type=float, default=None, metavar="S", help="per-process limit (300 s)")
     parser.add_argument("--baselines", action="store_true", help="also time eager, torch.compile, CUDA graph")
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
@@ -77,17 +75,10 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     serve.add_argument(
         "--token-file", metavar="F", help="file holding the bearer token that /v1 calls must send"
     )
-    serve.add_argument("--device", default=None, help="cpu, cuda (every GPU) or cuda:N")
-    serve.add_argument("--profile", default="strict", choices=sorted(PROFILES), help="default profile")
     serve.add_argument("--max-queue", type=int, default=64, metavar="N", help="open evaluations (64)")
-    serve.add_argument("--trials", type=int, default=None, metavar="N", help="timed calls of each side")
-    serve.add_argument("--correctness-trials", type=int, default=None, metavar="N")
-    serve.add_argument("--warmup", type=int, default=None, metavar="N")
+    SERVE_OPTIONS.add_to(serve)
     serve.add_argument("--timeout", type=float, default=None, metavar="S", help="per-process limit")
-    serve.add_argument("--lane-slots", type=int, default=None, metavar="N", help="processes per device")
-    serve.set_defaults(
-        handler=run_serve, require_kernel=False, float64_reference=False, seed=None, json=False
-    )
+    serve.set_defaults(handler=run_serve)
 
 
 def _read(path_text: str, what: str) -> str:
@@ -104,26 +95,15 @@ def _default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _config(args: argparse.Namespace) -> EvalConfig:
-    values: dict[str, Any] = {"device": args.device or _default_device(), "profile": args.profile}
-    if args.trials is not None:
-        values["timing_trials"] = args.trials
-    if args.correctness_trials is not None:
-        values["correctness_trials"] = args.correctness_trials
-    if args.warmup is not None:
-        values["warmup"] = args.warmup
-    if args.seed is not None:
-        values["seed"] = args.seed
+def _config(args: argparse.Namespace, options: ModelOptions[EvalConfig]) -> EvalConfig:
+    values: dict[str, Any] = options.given(args)
+    values.setdefault("device", _default_device())
     if args.timeout is not None:
+        if not args.timeout > 0 or args.timeout == float("inf"):
+            raise UsageError(f"--timeout {args.timeout}: give a positive number of seconds")
         values["run_timeout_s"] = args.timeout
         values["compile_timeout_s"] = max(args.timeout, 60.0)
-    values["require_kernel"] = args.require_kernel
-    values["float64_reference"] = args.float64_reference
-    try:
-        return EvalConfig(**values)
-    except ValidationError as error:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
-        raise UsageError(f"bad option: {problems}") from None
+    return options.build_from(values)
 
 
 def result_json(result: EvaluationResult, baselines: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -194,9 +174,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
     if args.max_queue < 1:
         raise UsageError("--max-queue must be at least 1")
-    config = _config(args)
-    if args.lane_slots is not None:
-        config = config.model_copy(update={"lane_slots": max(1, args.lane_slots)})
+    config = _config(args, SERVE_OPTIONS)
     token = _token(args.token_file)
     if token is None and args.host not in ("127.0.0.1", "localhost", "::1"):
         print(
@@ -246,7 +224,7 @@ def run(args: argparse.Namespace) -> int:
             f"the reference {args.reference} does not define {', '.join(missing)}; a task defines "
             "class Model, get_inputs() and get_init_inputs()"
         )
-    config = _config(args)
+    config = _config(args, EVAL_OPTIONS)
     task = Task(name=Path(args.reference).stem, code=reference, source=args.reference)
     with Evaluator(config) as evaluator:
         if not args.json:

@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from kernelfleet.core.errors import EvaluationCancelled, UsageError
 from kernelfleet.core.models import (
     Environment,
@@ -42,6 +44,7 @@ from kernelfleet.core.models import (
     Timing,
     Verdict,
 )
+from kernelfleet.core.settings import Budget
 from kernelfleet.core.store import NotFound, ObjectConflict, Store
 from kernelfleet.search._database import Entry, VariantDatabase
 from kernelfleet.search._layout import ANSWER_LIMIT, RunLayout, SampleRecord, task_object
@@ -67,51 +70,36 @@ class EvaluatorLike(Protocol):
     def baselines(self, task: Task) -> dict[str, Timing]: ...
 
 
-@dataclass(frozen=True)
-class Budget:
-    """When to stop. Rounds and samples shape the search; the rest cut it short.
+class LoopSettings(BaseModel):
+    """How the loop searches, as opposed to how long (`Budget`). The command line's search
+    options are generated from these fields (`kernelfleet.core.options`)."""
 
-    `wall_time_s` counts this call only; `gpu_seconds` counts every evaluation of the run, those
-    of earlier, resumed calls included; `target_speedup` applies to each task. The two limits
-    are bounds: at the limit nothing new starts, evaluations in flight are cancelled (not
-    recorded, so a resumed run evaluates them), and no baseline or re-verification is started.
-    """
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
-    rounds: int = 4
-    samples_per_round: int = 4
-    wall_time_s: float | None = None
-    gpu_seconds: float | None = None
-    target_speedup: float | None = None
-
-    def __post_init__(self) -> None:
-        if self.rounds < 1 or self.samples_per_round < 1:
-            raise UsageError("rounds and samples per round must be at least 1")
-        if self.wall_time_s is not None and self.wall_time_s <= 0:
-            raise UsageError("the wall-time budget must be positive")
-        if self.gpu_seconds is not None and self.gpu_seconds <= 0:
-            raise UsageError("the GPU-seconds budget must be positive")
-        if self.target_speedup is not None and self.target_speedup <= 0:
-            raise UsageError("the target speedup must be positive")
-
-    def fingerprint(self) -> str:
-        text = repr(
-            (self.rounds, self.samples_per_round, self.wall_time_s, self.gpu_seconds, self.target_speedup)
-        )
-        return hashlib.sha256(text.encode()).hexdigest()[:12]
-
-
-@dataclass(frozen=True)
-class LoopSettings:
-    """How the loop searches, as opposed to how long (`Budget`)."""
-
-    exemplars: int = 2
-    bucket_temperature: float = 1.0
-    bucket_width: float = 0.1
-    eval_batch_size: int = 8
-    verify_attempts: int = 3
-    verify_best: bool = True
-    measure_baselines: bool = True
-    seed: int = 0
+    exemplars: int = Field(
+        default=2, ge=0, le=8, description="Earlier variants shown in each prompt (K), per request."
+    )
+    bucket_temperature: float = Field(
+        default=1.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="Softmax temperature of the exemplar buckets (lower favours the fastest).",
+    )
+    bucket_width: float = Field(
+        default=0.1,
+        gt=0,
+        allow_inf_nan=False,
+        description="Relative width of a speedup bucket (0.1: variants within 10% share one).",
+    )
+    eval_batch_size: int = Field(default=8, ge=1, description="Variants handed to the evaluator at once.")
+    verify_attempts: int = Field(
+        default=3, ge=1, description="Best variants tried, in turn, until one verifies again."
+    )
+    verify_best: bool = Field(
+        default=True, description="Re-verify the best variant in a fresh evaluation before reporting it."
+    )
+    measure_baselines: bool = Field(default=True, description="Measure eager and torch.compile per task.")
+    seed: int = Field(default=0, description="Seeds the exemplar choice and the policies' sampling.")
 
 
 @dataclass
@@ -268,8 +256,8 @@ class OptimizationLoop:
         """The budget that has run out, if any; `in_flight_s`: seconds that evaluations still
         running have spent so far (they count against the GPU-seconds before they finish)."""
         if (
-            self.budget.wall_time_s is not None
-            and time.monotonic() - self._started >= self.budget.wall_time_s
+            self.budget.wall_time_seconds is not None
+            and time.monotonic() - self._started >= self.budget.wall_time_seconds
         ):
             return "wall-time"
         if self.budget.gpu_seconds is not None and self._gpu_used + in_flight_s >= self.budget.gpu_seconds:
@@ -443,7 +431,7 @@ class OptimizationLoop:
             if not chunk:
                 continue
             items = [(state.task, self._code(variant_hash)) for state, variant_hash in chunk]
-            limited = self.budget.wall_time_s is not None or self.budget.gpu_seconds is not None
+            limited = self.budget.wall_time_seconds is not None or self.budget.gpu_seconds is not None
             try:
                 results: Sequence[EvaluationResult | None] = self.evaluator.evaluate_batch(
                     items, cache=sink, progress=False, stop=self._stop_batch if limited else None

@@ -18,9 +18,11 @@ from typing import Any
 
 from kernelfleet.core.errors import UsageError
 from kernelfleet.core.models import Environment, Task
+from kernelfleet.core.options import Flag, ModelOptions
+from kernelfleet.core.settings import Budget, EvaluationSettings, LocalSettings
 from kernelfleet.core.store import ObjectConflict, Store, open_store
 from kernelfleet.search._layout import RUN_ID, RunLayout, RunManifest
-from kernelfleet.search._loop import Budget, LoopSettings, optimize
+from kernelfleet.search._loop import LoopSettings, optimize
 from kernelfleet.search._progress import LiveProgress, QuietProgress
 from kernelfleet.search._report import (
     format_best_code,
@@ -34,31 +36,39 @@ from kernelfleet.search.policies._base import Policy, PolicyError
 from kernelfleet.search.policies._specs import SPEC_FORMS, PolicyOptions, make_policy
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text} must be at least 1")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text} must be positive")
-    return value
-
-
 def _seconds(text: str) -> float:
-    """`90`, `90s`, `15m` or `2h`."""
+    """`90`, `90s`, `15m` or `2h`, in seconds; whether the value is allowed is the field's to say."""
     units = {"s": 1.0, "m": 60.0, "h": 3600.0}
     number, unit = (text[:-1], text[-1]) if text and text[-1] in units else (text, "s")
-    return _positive_float(number) * units[unit]
+    try:
+        return float(number) * units[unit]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration: write 90, 90s, 15m or 2h") from None
+
+
+# The options of `optimize`, generated from the settings models: their defaults, bounds and
+# help are the fields'. The flag names are the command line's own.
+BUDGET_OPTIONS = ModelOptions(
+    Budget,
+    Flag("samples_per_round", "--samples"),
+    Flag("wall_time_seconds", "--wall-time", parse=_seconds, metavar="DURATION"),
+    title="budget",
+)
+DEVICE_OPTIONS = ModelOptions(LocalSettings)
+EVALUATION_OPTIONS = ModelOptions(EvaluationSettings)
+SEARCH_OPTIONS = ModelOptions(
+    LoopSettings,
+    Flag("verify_best", "--no-verify", help="skip re-verifying the best variant"),
+    Flag("measure_baselines", "--no-baselines", help="skip measuring eager and torch.compile"),
+    only=["exemplars", "bucket_temperature", "seed", "verify_best", "measure_baselines"],
+    title="search",
+)
+POLICY_OPTIONS = ModelOptions(
+    PolicyOptions,
+    Flag("timeout_s", "--request-timeout", metavar="SECONDS"),
+    skip=["batch_size", "device"],
+    title="language-model policies (openai, hf, vllm)",
+)
 
 
 def _add_store(parser: argparse.ArgumentParser) -> None:
@@ -77,7 +87,6 @@ def register_optimize(subcommands: argparse._SubParsersAction) -> None:
         help="make PyTorch workloads faster, verifiably: propose, evaluate, keep the best",
         description="Run the contrastive optimisation loop over TASKS and print the best verified variant "
         "per task. Running the same command again resumes the run from the store.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument(
         "tasks",
@@ -92,58 +101,16 @@ def register_optimize(subcommands: argparse._SubParsersAction) -> None:
         metavar="SPEC",
         help="repeatable; one of: " + "; ".join(SPEC_FORMS) + " (default: compile)",
     )
-    budget = parser.add_argument_group("budget")
-    budget.add_argument("--rounds", type=_positive_int, default=4, help="contrastive rounds per task")
-    budget.add_argument(
-        "--samples", type=_positive_int, default=4, help="variants per policy per task per round"
-    )
-    budget.add_argument(
-        "--wall-time",
-        type=_seconds,
-        default=None,
-        metavar="DURATION",
-        help="stop searching after this long (90, 90s, 15m, 2h); this call only",
-    )
-    budget.add_argument(
-        "--gpu-seconds",
-        type=_positive_float,
-        default=None,
-        help="stop once the run's evaluations took this many device seconds",
-    )
-    budget.add_argument(
-        "--target-speedup",
-        type=_positive_float,
-        default=None,
-        help="stop a task once a variant is this much faster than eager",
-    )
+    BUDGET_OPTIONS.add_to(parser)
     _add_store(parser)
     parser.add_argument(
         "--run", default=None, help="run id (default: derived from tasks, policies and device)"
     )
     evaluation = parser.add_argument_group("evaluation")
-    evaluation.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
-    evaluation.add_argument("--profile", default="strict", choices=("strict", "kernelbench-v0"))
-    evaluation.add_argument("--timing-trials", type=_positive_int, default=100)
-    evaluation.add_argument("--correctness-trials", type=_positive_int, default=5)
-    search = parser.add_argument_group("search")
-    search.add_argument("--exemplars", type=int, default=2, help="earlier variants shown in each prompt (K)")
-    search.add_argument(
-        "--bucket-temperature",
-        type=float,
-        default=1.0,
-        help="softmax temperature of the exemplar buckets (lower favours the fastest)",
-    )
-    search.add_argument("--seed", type=int, default=0)
-    search.add_argument("--no-verify", action="store_true", help="skip re-verifying the best variant")
-    search.add_argument("--no-baselines", action="store_true", help="skip measuring eager/torch.compile")
-    models = parser.add_argument_group("language-model policies (openai, hf, vllm)")
-    models.add_argument("--temperature", type=float, default=0.8)
-    models.add_argument("--top-p", type=float, default=None)
-    models.add_argument("--max-tokens", type=_positive_int, default=4096)
-    models.add_argument("--concurrency", type=_positive_int, default=8, help="requests in flight (openai)")
-    models.add_argument("--request-timeout", type=_positive_float, default=600.0, help="seconds (openai)")
-    models.add_argument("--retries", type=int, default=3, help="retries of a failed request (openai)")
-    models.add_argument("--stream", action="store_true", help="stream answers (openai)")
+    DEVICE_OPTIONS.add_to(evaluation)
+    EVALUATION_OPTIONS.add_to(evaluation)
+    SEARCH_OPTIONS.add_to(parser)
+    POLICY_OPTIONS.add_to(parser)
     output = parser.add_argument_group("output")
     output.add_argument("--json", action="store_true", help="print the task summaries as JSON")
     output.add_argument("--quiet", action="store_true", help="no live progress on stderr")
@@ -237,32 +204,13 @@ def write_manifest(store: Store, layout: RunLayout, manifest: RunManifest) -> No
 
 
 def run_optimize(args: argparse.Namespace) -> int:
-    options = PolicyOptions(
-        temperature=args.temperature,
-        top_p=args.top_p,
-        max_tokens=args.max_tokens,
-        concurrency=args.concurrency,
-        timeout_s=args.request_timeout,
-        retries=max(0, args.retries),
-        stream=args.stream,
-        device=None,
-    )
     if args.run is not None and not RUN_ID.match(args.run):
         raise UsageError(f"--run {args.run!r}: use letters, digits, '.', '_' and '-' (up to 100)")
-    budget = Budget(
-        rounds=args.rounds,
-        samples_per_round=args.samples,
-        wall_time_s=args.wall_time,
-        gpu_seconds=args.gpu_seconds,
-        target_speedup=args.target_speedup,
-    )
-    settings = LoopSettings(
-        exemplars=max(0, args.exemplars),
-        bucket_temperature=args.bucket_temperature,
-        seed=args.seed,
-        verify_best=not args.no_verify,
-        measure_baselines=not args.no_baselines,
-    )
+    options = POLICY_OPTIONS.build(args)
+    budget = BUDGET_OPTIONS.build(args)
+    settings = SEARCH_OPTIONS.build(args)
+    evaluation = EVALUATION_OPTIONS.build(args)
+    local = DEVICE_OPTIONS.build(args)
     specs = args.policies or ["compile"]
     policies: list[Policy] = []
     try:
@@ -273,12 +221,10 @@ def run_optimize(args: argparse.Namespace) -> int:
 
         from kernelfleet.evaluator import BASELINE_MODES, EvalConfig, Evaluator
 
-        device = args.device or _default_device()
+        device = local.device or _default_device()
         config = EvalConfig(
+            **evaluation.model_dump(),
             device=device,
-            profile=args.profile,
-            correctness_trials=args.correctness_trials,
-            timing_trials=args.timing_trials,
             # The table compares with eager and torch.compile; on a CPU the other modes
             # (reduce-overhead, CUDA graphs) add compile time and nothing to compare.
             baseline_modes=BASELINE_MODES if device != "cpu" else ("eager", "compile"),

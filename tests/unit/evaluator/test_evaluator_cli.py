@@ -61,7 +61,7 @@ def test_human_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
         (C.MATMUL_TASK, None, [], "cannot read the candidate file"),
         (C.HONEST, C.HONEST, [], "does not define Model"),
         (C.BROKEN_TASK, C.HONEST, [], "fails on its own"),
-        (C.MATMUL_TASK, C.HONEST, ["--trials", "1"], "bad option"),
+        (C.MATMUL_TASK, C.HONEST, ["--trials", "1"], "argument --timing-trials/--trials: 1: input should be"),
     ],
     ids=["no-reference", "no-candidate", "not-a-task", "broken-task", "bad-trials"],
 )

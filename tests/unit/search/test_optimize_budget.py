@@ -36,7 +36,7 @@ def test_a_budget_cancels_the_evaluation_in_flight_and_resume_runs_it(tmp_path: 
     store = open_store(tmp_path / "store")
     settings = LoopSettings(measure_baselines=False)
     budget = Budget(
-        rounds=1, samples_per_round=1, **{"wall_time_s" if limit == "wall-time" else "gpu_seconds": 8.0}
+        rounds=1, samples_per_round=1, **{"wall_time_seconds" if limit == "wall-time" else "gpu_seconds": 8.0}
     )
     with Evaluator(CONFIG) as evaluator:
         environment = evaluator.environment
@@ -68,7 +68,7 @@ def test_a_budget_cancels_the_evaluation_in_flight_and_resume_runs_it(tmp_path: 
             prefix="runs/budget",
             evaluator=evaluator,
             environment=evaluator.environment,
-            budget=Budget(rounds=1, samples_per_round=1, wall_time_s=600.0),
+            budget=Budget(rounds=1, samples_per_round=1, wall_time_seconds=600.0),
             settings=settings,
             progress=QuietProgress(),
         )

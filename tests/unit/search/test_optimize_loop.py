@@ -62,7 +62,7 @@ def run(
         evaluator=evaluator,
         environment=evaluator.environment,
         budget=budget,
-        settings=LoopSettings(**settings),  # type: ignore[arg-type]
+        settings=LoopSettings(**settings),
         progress=progress or QuietProgress(),
     )
 
@@ -184,7 +184,7 @@ def test_gpu_seconds_budget(store: Store) -> None:
 def test_wall_time_budget(store: Store) -> None:
     evaluator = ScriptedEvaluator()
     policy = ScriptedPolicy(climbing)
-    summaries = run(store, evaluator, [policy], Budget(rounds=3, wall_time_s=1e-9))
+    summaries = run(store, evaluator, [policy], Budget(rounds=3, wall_time_seconds=1e-9))
     assert {s.stop_reason for s in summaries} == {"wall-time"}
     assert policy.requests == [] and evaluator.evaluated == []
     assert summaries[0].best_speedup is None and summaries[0].rounds == 0
@@ -203,7 +203,7 @@ def test_a_wall_time_stop_continues_when_repeated(store: Store, monkeypatch: pyt
             clock[0] += 10.0  # each batch "takes" ten seconds
             return super().evaluate_batch(items, cache, progress)
 
-    budget = Budget(rounds=4, samples_per_round=1, wall_time_s=25)
+    budget = Budget(rounds=4, samples_per_round=1, wall_time_seconds=25)
     first = run(store, TickingEvaluator(), [ScriptedPolicy(climbing)], budget)
     assert {s.stop_reason for s in first} == {"wall-time"} and first[0].rounds == 3
     clock[0] = 0.0
@@ -386,10 +386,12 @@ def test_results_are_kept_per_gpu_class(store: Store) -> None:
 
 
 def test_budget_validation() -> None:
-    from kernelfleet.core.errors import UsageError
+    from pydantic import ValidationError
 
-    with pytest.raises(UsageError):
+    with pytest.raises(ValidationError, match="rounds"):
         Budget(rounds=0)
-    with pytest.raises(UsageError):
+    with pytest.raises(ValidationError, match="gpu_seconds"):
         Budget(gpu_seconds=-1)
+    with pytest.raises(ValidationError, match="wall_time_seconds"):
+        Budget(wall_time_seconds=float("inf"))
     assert Budget(rounds=2).fingerprint() != Budget(rounds=3).fingerprint()

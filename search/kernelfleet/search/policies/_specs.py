@@ -8,7 +8,8 @@ error message that lists them live in one place. Options that every generating p
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from kernelfleet.core.errors import UsageError
 from kernelfleet.search.policies._base import Policy
@@ -26,19 +27,25 @@ SPEC_FORMS = (
 )
 
 
-@dataclass(frozen=True)
-class PolicyOptions:
-    """Settings shared by the policies that generate text."""
+class PolicyOptions(BaseModel):
+    """Settings shared by the policies that generate text; the command line's options for
+    language-model policies are generated from these fields."""
 
-    temperature: float = 0.8
-    top_p: float | None = None
-    max_tokens: int = 4096
-    concurrency: int = 8
-    timeout_s: float = 600.0
-    retries: int = 3
-    stream: bool = False
-    batch_size: int = 4
-    device: str | None = None
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    temperature: float = Field(
+        default=0.8, ge=0, le=2, allow_inf_nan=False, description="Sampling temperature."
+    )
+    top_p: float | None = Field(default=None, gt=0, le=1, description="Nucleus sampling; None: off.")
+    max_tokens: int = Field(default=4096, ge=1, description="Longest answer, in tokens.")
+    concurrency: int = Field(default=8, ge=1, le=1024, description="Requests in flight (openai).")
+    timeout_s: float = Field(
+        default=600.0, gt=0, allow_inf_nan=False, description="Seconds one request may take (openai)."
+    )
+    retries: int = Field(default=3, ge=0, le=100, description="Retries of a failed request (openai).")
+    stream: bool = Field(default=False, description="Stream answers (openai).")
+    batch_size: int = Field(default=4, ge=1, description="Prompts generated together (hf).")
+    device: str | None = Field(default=None, description="Device of a local model (hf); None: its default.")
 
 
 def _usage(spec: str, why: str) -> UsageError:

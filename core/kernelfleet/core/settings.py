@@ -1,0 +1,134 @@
+"""Settings that several parts share, declared once: the budget, the evaluation settings, the profiles.
+
+The same models serve the custom resources (`OptimizationJobSpec.budget`, `.evaluation`), the
+runtime (the search loop takes a `Budget`; the evaluator's `EvalConfig` extends
+`EvaluationSettings`) and the command line (`kernelfleet.core.options` generates the flags from
+the fields). A default, a bound or a help text therefore lives in exactly one place: the field.
+Adding an evaluation knob is one field here; the job spec, the CRD (after
+`scripts/generate-crds.py`), `kernelfleet optimize` and `kernelfleet eval` all pick it up.
+
+Field names are snake_case in Python and camelCase in a resource (`wallTimeSeconds`), as
+Kubernetes users expect; both spellings are accepted on input.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+from typing import Annotated
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+
+class Settings(BaseModel):
+    """Base of the shared settings: frozen, no unknown fields, camelCase aliases."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", alias_generator=to_camel, populate_by_name=True)
+
+
+def check_device(value: str) -> str:
+    """A device an evaluator can run on: 'cpu', 'cuda' (every local GPU) or 'cuda:N'."""
+    if value in ("cpu", "cuda") or (value.startswith("cuda:") and value[5:].isdigit()):
+        return value
+    raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', not {value!r}")
+
+
+Device = Annotated[str, AfterValidator(check_device)]
+
+
+class LocalSettings(Settings):
+    """What a command run on this machine adds to the shared settings: where to evaluate."""
+
+    device: Device | None = Field(
+        default=None,
+        description="Where to evaluate: cpu, cuda (every local GPU) or cuda:N. None: cuda if available, "
+        "else cpu.",
+    )
+
+
+class EvaluationProfile(enum.StrEnum):
+    """How strictly correctness is judged; timing is the same honest protocol in every profile.
+
+    - `strict`: fp32 tolerance 1e-4, modules in eval mode, TF32 off, no autograd recording;
+    - `strict-tf32`: strict, but a candidate may turn TF32 on (then for both sides), and fp32
+      compares at 1e-3;
+    - `kernelbench-v0`: how the 2025 KernelBench numbers were judged (tolerance 1e-2,
+      train-mode modules, grad mode on, torch's default flags).
+    """
+
+    STRICT = "strict"
+    STRICT_TF32 = "strict-tf32"
+    KERNELBENCH_V0 = "kernelbench-v0"
+
+
+class Budget(Settings):
+    """When the search stops. `rounds` and `samples_per_round` shape it; the rest cut it short.
+
+    A budget applies to one call of the loop over its tasks: `kernelfleet optimize` makes one
+    call over all the tasks it was given; a cluster worker makes one call per task. The time
+    limits are bounds, not hints: at the limit nothing new starts, evaluations in flight are
+    cancelled (not recorded, so a resumed call evaluates them), and no baseline or
+    re-verification is started.
+    """
+
+    rounds: int = Field(default=4, ge=1, le=1000, description="Contrastive rounds, per task.")
+    samples_per_round: int = Field(
+        default=4, ge=1, le=1024, description="Variants asked of each policy, per task and round."
+    )
+    wall_time_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        allow_inf_nan=False,
+        description="Seconds each task may search, per call, counted from the call's start (the tasks "
+        "of one call search side by side, so the call ends within it too); a task stopped by it "
+        "continues when the call is repeated. None: no limit.",
+    )
+    gpu_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        allow_inf_nan=False,
+        description="Device seconds of evaluation, per call: every evaluation of the call's tasks on "
+        "this GPU class counts, those of earlier calls included, so a resumed run does not start "
+        "afresh. None: no limit.",
+    )
+    target_speedup: float | None = Field(
+        default=None,
+        gt=0,
+        allow_inf_nan=False,
+        description="Stop a task once one of its variants is this much faster than eager, per task. "
+        "None: search every round.",
+    )
+
+    def fingerprint(self) -> str:
+        """A short digest of the budget: summaries written under one budget are not read under another."""
+        text = repr(
+            (
+                self.rounds,
+                self.samples_per_round,
+                self.wall_time_seconds,
+                self.gpu_seconds,
+                self.target_speedup,
+            )
+        )
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+class EvaluationSettings(Settings):
+    """What an evaluation measures and how strictly: the knobs a user sets on the command line,
+    in a job spec, or in the evaluator's `EvalConfig` (which extends this model)."""
+
+    profile: EvaluationProfile = Field(
+        default=EvaluationProfile.STRICT,
+        description="Correctness rules: strict, strict-tf32 or kernelbench-v0 (see docs/evaluator.md).",
+    )
+    correctness_trials: int = Field(
+        default=5, ge=1, le=1000, description="Correctness checks, each with a fresh seed and inputs."
+    )
+    timing_trials: int = Field(
+        default=100, ge=3, le=100000, description="Timed calls of each side, per timing batch."
+    )
+    warmup: int = Field(default=10, ge=1, le=10000, description="Untimed interleaved rounds before timing.")
+    require_kernel: bool = Field(
+        default=False, description="Demand a custom CUDA/C++ or Triton kernel; plain PyTorch is rejected."
+    )

@@ -1,0 +1,110 @@
+"""One source for each setting: the resources, the runtime and the command line agree.
+
+The job spec and `kernelfleet optimize` share `Budget` and `EvaluationSettings`; the
+evaluator's `EvalConfig` extends the latter; the flags are generated from the fields. These
+tests pin that the defaults seen from each side are the same values, and that a bad option
+is refused with the flag's name.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from kernelfleet.core.errors import UsageError
+from kernelfleet.core.options import Flag, ModelOptions
+from kernelfleet.core.resources import OptimizationJobSpec, PolicySpec, RewardSpec, TrainingRunSpec
+from kernelfleet.core.settings import Budget, EvaluationProfile, EvaluationSettings
+from kernelfleet.evaluator import PROFILES, EvalConfig
+from kernelfleet.search import LoopSettings, PolicyOptions
+from kernelfleet.search import cli as search_cli
+
+
+def optimize_args(*argv: str) -> argparse.Namespace:
+    root = argparse.ArgumentParser(prog="kernelfleet")
+    search_cli.register_optimize(root.add_subparsers(dest="command"))
+    return root.parse_args(["optimize", "tasks", *argv])
+
+
+def test_the_resource_and_the_runtime_share_their_defaults() -> None:
+    spec = OptimizationJobSpec(tasks=["kernelbench-v0:1:1"])
+    assert spec.budget == Budget()
+    assert spec.evaluation == EvaluationSettings()
+    assert TrainingRunSpec.model_fields["evaluation"].annotation is EvaluationSettings
+    shared = EvaluationSettings.model_fields
+    assert EvalConfig().model_dump(include=set(shared)) == EvaluationSettings().model_dump()
+    # The trainer's reward prompts and the loop show the same number of exemplars by default.
+    assert RewardSpec().exemplars == LoopSettings().exemplars
+    assert RewardSpec().bucket_temperature == LoopSettings().bucket_temperature
+    policy = PolicySpec(kind="openai")
+    assert (policy.concurrency, policy.temperature) == (
+        PolicyOptions().concurrency,
+        PolicyOptions().temperature,
+    )
+
+
+def test_the_command_line_defaults_are_the_models() -> None:
+    args = optimize_args()
+    assert search_cli.BUDGET_OPTIONS.build(args) == Budget()
+    assert search_cli.EVALUATION_OPTIONS.build(args) == EvaluationSettings()
+    assert search_cli.SEARCH_OPTIONS.build(args) == LoopSettings()
+    assert search_cli.POLICY_OPTIONS.build(args) == PolicyOptions()
+    assert search_cli.BUDGET_OPTIONS.given(args) == {}
+
+
+def test_every_profile_has_rules_and_a_flag_choice() -> None:
+    assert set(PROFILES) == set(EvaluationProfile)
+    args = optimize_args("--profile", "strict-tf32")
+    assert search_cli.EVALUATION_OPTIONS.build(args).profile == EvaluationProfile.STRICT_TF32
+
+
+def test_a_job_spec_takes_camel_case_and_the_runtime_names() -> None:
+    spec = OptimizationJobSpec.model_validate(
+        {"tasks": ["x"], "budget": {"samplesPerRound": 2, "wallTimeSeconds": 60}}
+    )
+    assert spec.budget == Budget(samples_per_round=2, wall_time_seconds=60.0)
+    assert spec.model_dump(by_alias=True)["budget"]["wallTimeSeconds"] == 60.0
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag", "why"),
+    [
+        (["--timing-trials", "2"], "--timing-trials", "greater than or equal to 3"),
+        (["--target-speedup", "nan"], "--target-speedup", "finite"),
+        (["--wall-time", "inf"], "--wall-time", "finite"),
+        (["--wall-time", "soon"], "--wall-time", "not a duration"),
+        (["--exemplars", "-1"], "--exemplars", "greater than or equal to 0"),
+        (["--device", "tpu"], "--device", "'cpu', 'cuda' or 'cuda:N'"),
+        (["--rounds", "two"], "--rounds", "valid integer"),
+        (["--profile", "loose"], "--profile", "input should be 'strict'"),
+    ],
+)
+def test_a_bad_option_names_the_flag(
+    argv: list[str], flag: str, why: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        optimize_args(*argv)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {flag}" in err and why in err, err
+    assert "Traceback" not in err
+
+
+def test_durations_and_fields_errors_from_build() -> None:
+    assert optimize_args("--wall-time", "15m").wall_time_seconds == 900.0
+    options = ModelOptions(Budget, Flag("samples_per_round", "--samples"))
+    with pytest.raises(UsageError, match=r"--samples: input should be greater than or equal to 1"):
+        options.build_from({"samples_per_round": 0})
+    with pytest.raises(ValueError, match="no field"):
+        ModelOptions(Budget, Flag("samples", "--samples"))
+
+
+def test_help_shows_the_fields_help_and_defaults(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        optimize_args("--help")
+    out = " ".join(capsys.readouterr().out.split())
+    assert "Contrastive rounds, per task (default: 4)" in out
+    assert "Timed calls of each side, per timing batch (default: 100)" in out
+    assert "(default: no limit)" in out
+    assert "skip re-verifying the best variant" in out
