@@ -97,33 +97,86 @@ class OptimizationJobSpec(_Spec):
     parallelism: int = Field(default=1, ge=1, le=1024, description="Worker pods per GPU class.")
     gpus_per_pod: int = Field(default=1, ge=1, le=8)
     store: str = Field(default="", description="Store URL; empty means the operator's configured store.")
-    suspend: bool = Field(default=False, description="Pause: no new pods; running ones finish their task.")
+    suspend: bool = Field(
+        default=False, description="Pause: no new pods; running ones stop and resume later from the store."
+    )
+    verify_on: list[GpuClassName] = Field(
+        default_factory=list,
+        max_length=16,
+        description="After the search, re-verify and re-time each task's best variant on these classes.",
+    )
+    queue_name: str = Field(
+        default="",
+        max_length=63,
+        description="Kueue LocalQueue: the Jobs carry kueue.x-k8s.io/queue-name and start suspended.",
+    )
+    priority_class_name: str = Field(default="", max_length=253, description="PriorityClass of the pods.")
+    tasks_per_index: int = Field(
+        default=1,
+        ge=1,
+        le=1000,
+        description="Tasks each worker pod runs before it exits: more amortises pod start-up.",
+    )
+    backoff_limit_per_index: int = Field(
+        default=2, ge=0, le=100, description="Retries of a failed pod (per completion index)."
+    )
+    ttl_seconds_after_finished: int | None = Field(
+        default=None, ge=0, description="Delete finished Jobs (not the results) after this long."
+    )
+    active_deadline_seconds: int | None = Field(
+        default=None, ge=1, description="Fail each Job that runs longer than this."
+    )
 
 
 class Condition(_Spec):
+    """A condition in the style of metav1.Condition."""
+
     type: str
     status: str = Field(pattern="^(True|False|Unknown)$")
     reason: str = ""
     message: str = ""
     last_transition_time: str = ""
+    observed_generation: int = 0
 
 
 class ClassStatus(_Spec):
+    tasks_total: int = 0
     tasks_done: int = 0
+    tasks_failed: int = 0
+    variants_evaluated: int = 0
     best_speedup: float | None = None
     median_speedup: float | None = None
+    jobs: int = Field(default=0, description="Indexed Jobs of this class.")
+    active_pods: int = 0
+
+
+class VerifyStatus(_Spec):
+    """How the best variants' speedups carry over to another GPU class."""
+
+    tasks_total: int = 0
+    tasks_done: int = 0
+    tasks_failed: int = 0
+    verified: int = Field(default=0, description="Best variants still correct on this class.")
+    median_speedup: float | None = Field(default=None, description="Median speedup measured on this class.")
+    median_ratio: float | None = Field(
+        default=None, description="Median of (speedup here) / (speedup on the class that found it)."
+    )
 
 
 class OptimizationJobStatus(_Spec):
-    phase: str = Field(default="", description="Pending, Running, Succeeded, Failed or Suspended.")
+    phase: str = Field(default="", description="Pending, Running, Suspended, Verifying, Succeeded or Failed.")
     observed_generation: int = 0
     tasks_total: int = 0
     tasks_done: int = 0
     tasks_failed: int = 0
     variants_evaluated: int = 0
     best_speedup: float | None = None
+    median_speedup: float | None = None
     per_class: dict[str, ClassStatus] = Field(default_factory=dict)
+    verification: dict[str, VerifyStatus] = Field(default_factory=dict)
     results: str = Field(default="", description="Store URL where the results are.")
+    start_time: str = ""
+    completion_time: str = ""
     conditions: list[Condition] = Field(default_factory=list)
 
 

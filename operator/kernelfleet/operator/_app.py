@@ -1,0 +1,186 @@
+"""The kopf application: one registry that every custom resource's module adds its handlers to,
+the runtime those handlers share, and `run()`, which starts kopf embedded in this process.
+
+A module for a kind (optimizationjob.py, trainingrun.py, ...) decorates its handlers with
+`registry=REGISTRY` and reads what it needs from `runtime(memo)`:
+
+    @kopf.on.create(GROUP, VERSION, "optimizationjobs", registry=REGISTRY)
+    async def created(body, memo, patch, **_):
+        rt = runtime(memo)
+        await rt.kube.create(...)
+
+Using a registry of our own (not kopf's global default) keeps the handlers of a test's
+operator apart from any other kopf code in the process, and lets `kernelfleet operator` run
+kopf embedded (kopf.run) with our settings instead of through `kopf run -m`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+
+from kernelfleet.core.config import StoreConfig
+from kernelfleet.core.store import Store, open_store
+from kernelfleet.operator._kube import KubeClient
+from kernelfleet.operator._metrics import Metrics, serve
+from kernelfleet.operator._settings import OperatorSettings
+from kernelfleet.operator._status import PatchLimiter
+
+log = logging.getLogger("kernelfleet.operator")
+
+REGISTRY = kopf.OperatorRegistry()
+
+
+@dataclass
+class Runtime:
+    """What every handler shares: settings, the API client, the patch limiter, metrics, stores."""
+
+    settings: OperatorSettings
+    kube: KubeClient
+    limiter: PatchLimiter
+    metrics: Metrics
+    store_config: StoreConfig = field(default_factory=StoreConfig.from_env)
+    _stores: dict[str, Store] = field(default_factory=dict)
+    _stores_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def store(self, url: str) -> Store:
+        """The store at `url` (the job's, else the operator's default), opened once and reused.
+
+        Store calls block; handlers run them with `asyncio.to_thread`.
+        """
+        chosen = url or self.settings.default_store
+        with self._stores_lock:
+            if chosen not in self._stores:
+                self._stores[chosen] = open_store(chosen, self.store_config)
+            return self._stores[chosen]
+
+
+def runtime(memo: Any) -> Runtime:
+    """The shared runtime from a handler's `memo` (kopf passes a shallow copy per resource)."""
+    found = getattr(memo, "runtime", None)
+    if not isinstance(found, Runtime):
+        raise RuntimeError("the operator's runtime is missing from kopf's memo: start it with run()")
+    return found
+
+
+async def _login(**kwargs: Any) -> kopf.ConnectionInfo:
+    """In a pod, the service account; elsewhere, KUBECONFIG (or ~/.kube/config)."""
+    settings = kwargs.get("settings") or kopf.OperatorSettings()
+    info = kopf.login_with_service_account(settings=settings) or kopf.login_with_kubeconfig(settings=settings)
+    if info is None:
+        raise kopf.LoginError(
+            "no Kubernetes credentials: run in a pod with a service account, or set KUBECONFIG"
+        )
+    return info
+
+
+@kopf.on.login(registry=REGISTRY)
+async def login(**kwargs: Any) -> kopf.ConnectionInfo:
+    return await _login(**kwargs)
+
+
+@kopf.on.startup(registry=REGISTRY)
+async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
+    rt = runtime(memo)
+    # Only this operator's own records (warnings and errors, and the Events of transitions it
+    # posts itself) become Events: handler chatter stays in the log.
+    settings.posting.level = logging.WARNING
+    settings.persistence.finalizer = "kernelfleet.io/finalizer"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="kernelfleet.io")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="kernelfleet.io", key="last-handled-configuration"
+    )
+    settings.watching.server_timeout = 300
+    settings.networking.request_timeout = 60
+    settings.execution.max_workers = 8
+    rt.metrics.describe("reconciles_total", "Reconcile passes, by kind.")
+    rt.metrics.describe("errors_total", "Reconcile errors, by kind and reason.")
+    rt.metrics.describe("status_patches_total", "Status patches sent, by kind.")
+    rt.metrics.describe("api_requests_total", "Requests of the operator's own API client, by verb.")
+    rt.metrics.describe("jobs", "Custom resources by kind and phase.")
+
+    def collect(metrics: Metrics) -> None:
+        metrics.replace_gauge(
+            "api_requests_total", (({"verb": verb}, float(n)) for verb, n in rt.kube.requests.items())
+        )
+
+    rt.metrics.collectors.append(collect)
+
+
+@kopf.on.cleanup(registry=REGISTRY)
+async def close(memo: Any, **_: Any) -> None:
+    await runtime(memo).kube.close()
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How `kernelfleet operator` runs kopf."""
+
+    namespaces: Sequence[str] = ()
+    all_namespaces: bool = False
+    standalone: bool = False
+    peering_name: str | None = None
+    priority: int = 0
+    liveness: str | None = "http://0.0.0.0:8080/healthz"
+    metrics_host: str = "0.0.0.0"
+    metrics_port: int | None = 9090
+
+
+def run(settings: OperatorSettings, options: RunOptions, stop_flag: threading.Event | None = None) -> None:
+    """Run the operator in this thread until it is stopped (SIGINT/SIGTERM, or `stop_flag`)."""
+    # The handlers of each kind register themselves when their module is imported.
+    from kernelfleet.operator import optimizationjob  # noqa: F401
+
+    for name in ("trainingrun",):
+        try:
+            __import__(f"kernelfleet.operator.{name}")
+        except ModuleNotFoundError as error:
+            if error.name != f"kernelfleet.operator.{name}":
+                raise
+
+    async def login_for_client() -> kopf.ConnectionInfo:
+        return await _login()
+
+    rt = Runtime(
+        settings=settings,
+        kube=KubeClient(login_for_client),
+        limiter=PatchLimiter(settings.min_patch_interval_s),
+        metrics=Metrics(),
+    )
+
+    async def main() -> None:
+        runner = None
+        if options.metrics_port is not None:
+            runner = await serve(rt.metrics, options.metrics_host, options.metrics_port)
+        try:
+            await kopf.operator(
+                registry=REGISTRY,
+                clusterwide=options.all_namespaces,
+                namespaces=list(options.namespaces),
+                standalone=options.standalone or None,
+                peering_name=options.peering_name,
+                priority=options.priority,
+                liveness_endpoint=options.liveness,
+                stop_flag=stop_flag,
+                memo=kopf.Memo(runtime=rt),
+            )
+        finally:
+            if runner is not None:
+                await runner.cleanup()
+
+    log.info(
+        "kernelfleet operator: %s, pools %s (%s), default store %s",
+        "all namespaces" if options.all_namespaces else "namespaces " + ", ".join(options.namespaces),
+        ", ".join(settings.pools),
+        settings.pools.source,
+        settings.default_store or "(none: each job must name spec.store)",
+    )
+    os.environ.setdefault("KOPF_RUN_PID", str(os.getpid()))
+    asyncio.run(main())
