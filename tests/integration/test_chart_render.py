@@ -361,7 +361,9 @@ def test_operator_rbac_is_least_privilege(helm_env: dict[str, str]) -> None:
         ("", "pods"): read,
         ("", "events"): {"create"},
         ("", "configmaps"): read,
-        ("", "secrets"): {"get"},
+        ("", "secrets"): {"get", "create"},
+        ("apps", "deployments"): read | {"create", "delete"},
+        ("", "services"): {"get", "list", "create", "delete"},
         ("apiextensions.k8s.io", "customresourcedefinitions"): read,
         ("", "namespaces"): read,
     }

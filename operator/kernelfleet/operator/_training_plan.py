@@ -22,17 +22,15 @@ The rules:
 from __future__ import annotations
 
 import enum
-import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from kernelfleet.core.resources import RewardSpec, StageType, TrainingRunSpec, TrainingStage
+from kernelfleet.operator._jobs import job_name
 
 EVAL_PORT = 8470
 """The port of the run's evaluation service (`kernelfleet eval serve`'s default)."""
-
-_NAME_LIMIT = 63  # a Job's name is also its pods' `job-name` label value, and a label value is <= 63
 
 
 class Phase(enum.StrEnum):
@@ -91,26 +89,14 @@ def job_view(job: Mapping[str, Any] | None) -> JobView:
 # ---------------------------------------------------------------- names and places
 
 
-def _digest(*parts: str) -> str:
-    return hashlib.sha256("/".join(parts).encode()).hexdigest()[:6]
-
-
-def _compose(parts: list[str], suffix: str, limit: int = _NAME_LIMIT) -> str:
-    """`a-b-suffix`, each part trimmed alike so the whole fits `limit` and stays a DNS label."""
-    room = limit - len(suffix) - len(parts)
-    share = max(1, room // len(parts))
-    trimmed = [part[:share].strip("-") or "x" for part in parts]
-    return "-".join([*trimmed, suffix])
-
-
 def stage_job_name(run: str, uid: str, stage: str) -> str:
     """Deterministic, so a handler that runs twice finds the Job instead of making another."""
-    return _compose([run, stage], _digest(uid, stage))
+    return job_name(run, stage, uid=uid)
 
 
 def eval_service_name(run: str, uid: str, stage: str) -> str:
     """The Deployment and Service of a stage's evaluator; a Service name starts with a letter."""
-    return _compose(["eval", run, stage], _digest(uid, stage, "eval"))
+    return job_name("eval", run, stage, uid=uid)
 
 
 @dataclass(frozen=True)

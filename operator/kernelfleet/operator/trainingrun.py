@@ -1,0 +1,349 @@
+"""The TrainingRun controller: its stages in order, each a Job, and the RL stage's evaluator.
+
+One level-based pass, `reconcile`, runs when a run is created, changed or found at start-up,
+and on a timer. It reads what exists (the stage Jobs, the evaluation service, the trainer's
+records in the store), asks `_training_plan.plan_run` what should exist, makes it so, and folds
+the status (`_training_status`). Every step is idempotent and every name deterministic, so a
+pass that runs twice, or an operator killed halfway through one, creates nothing twice.
+
+At the first pass the operator records the spec in the store (`run.json` under the run's
+prefix): the stage pods read it from there, and the run keeps that spec to its end. A spec
+edited later is not applied (its stages' checkpoints belong to the old one); the `Accepted`
+condition says so. `suspend` is the exception: it is read from the resource on every pass.
+
+Deleting a TrainingRun deletes what it owns (Jobs, pods, the evaluation service and its token)
+through owner references; the store keeps every checkpoint, dataset, metric and model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import kopf
+from pydantic import ValidationError
+
+from kernelfleet.core.errors import StoreError
+from kernelfleet.core.resources import GROUP, VERSION, TrainingRunSpec, TrainingRunStatus, TrainingStage
+from kernelfleet.core.store import ObjectConflict, Store
+from kernelfleet.core.training import TrainingLayout, read_run_record, run_record
+from kernelfleet.operator import _conditions as cond
+from kernelfleet.operator._app import REGISTRY, Runtime, runtime
+from kernelfleet.operator._jobs import LABEL_OWNER_UID, LABEL_ROLE
+from kernelfleet.operator._kube import ApiError, core_path, custom_path, jobs_path
+from kernelfleet.operator._status import status_diff
+from kernelfleet.operator._training_plan import (
+    JobView,
+    Phase,
+    Plan,
+    RunRef,
+    job_view,
+    plan_run,
+    resolved_spec,
+    reward_gpu_class,
+    runs_own_evaluator,
+)
+from kernelfleet.operator._training_pods import (
+    LABEL_STAGE,
+    ROLE_EVAL,
+    ROLE_STAGE,
+    deployment_ready,
+    eval_deployment,
+    eval_service,
+    eval_token,
+    owner_of,
+    stage_job,
+)
+from kernelfleet.operator._training_status import fold_stages, read_stage, stages_to_read
+
+log = logging.getLogger("kernelfleet.operator.trainingrun")
+
+PLURAL = "trainingruns"
+KIND = "TrainingRun"
+
+
+class InvalidSpec(Exception):
+    """What the CRD schema cannot check: the message names the field and the fix."""
+
+
+@dataclass(frozen=True)
+class Children:
+    jobs: dict[str, dict[str, Any]]
+    deployments: dict[str, dict[str, Any]]
+
+    def views(self) -> dict[str, JobView]:
+        return {stage: job_view(job) for stage, job in self.jobs.items()}
+
+
+def _by_stage(items: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {item["metadata"]["labels"].get(LABEL_STAGE, ""): item for item in items}
+
+
+async def _children(rt: Runtime, namespace: str, uid: str) -> Children:
+    selector = f"{LABEL_OWNER_UID}={uid},{LABEL_ROLE}="
+    jobs = await rt.kube.list_all(jobs_path(namespace), {"labelSelector": selector + ROLE_STAGE})
+    deployments = await rt.kube.list_all(
+        f"/apis/apps/v1/namespaces/{namespace}/deployments", {"labelSelector": selector + ROLE_EVAL}
+    )
+    return Children(_by_stage(jobs), _by_stage(deployments))
+
+
+async def _validate(rt: Runtime, spec: TrainingRunSpec, run: RunRef) -> None:
+    pools = rt.settings.pools
+    known = ", ".join(pools.names())
+    if spec.gpu_class not in pools:
+        raise InvalidSpec(f"spec.gpuClass: no GPU pool class {spec.gpu_class!r}; the pools are: {known}")
+    own = any(runs_own_evaluator(spec, stage, run) for stage in spec.stages)
+    if own and reward_gpu_class(spec) not in pools:
+        raise InvalidSpec(
+            f"spec.rewardGpuClass: no GPU pool class {reward_gpu_class(spec)!r}; the pools are: {known}"
+        )
+    if not (spec.store or rt.settings.default_store):
+        raise InvalidSpec("spec.store: empty, and the operator has no default store (--store)")
+    for index, stage in enumerate(spec.stages):
+        secret = stage.reward.token_secret if stage.reward is not None else ""
+        if not secret:
+            continue
+        found = await rt.kube.get_or_none(core_path("secrets", run.namespace, secret))
+        if found is None or "token" not in (found.get("data") or {}):
+            raise InvalidSpec(
+                f"spec.stages[{index}].reward.tokenSecret: no Secret {secret!r} with key 'token' in "
+                f"namespace {run.namespace}; create it or clear the field"
+            )
+
+
+def _record(
+    store: Store, layout: TrainingLayout, name: str, spec: TrainingRunSpec
+) -> tuple[TrainingRunSpec, bool]:
+    """Record the spec at the run's start; (the recorded spec, whether it equals `spec`)."""
+    try:
+        store.put_json(layout.spec, run_record(name, spec))
+        return spec, True
+    except ObjectConflict:
+        _, recorded = read_run_record(store, layout)
+        return recorded, False
+
+
+def _store_work(store: Store, layout: TrainingLayout, names: list[str]) -> tuple[dict[str, Any], str]:
+    records = {name: read_stage(store, layout, name) for name in names}
+    keys = [key for key in store.list(layout.reports) if key.endswith(".json")]
+    report = store.url_for(keys[-1]) if keys else ""
+    return records, report
+
+
+def _conditions(plan: Plan, accepted: cond.Condition) -> list[cond.Condition]:
+    phase = plan.phase
+    reason = phase.value
+    return [
+        accepted,
+        cond.Condition(
+            cond.RUNNING, cond.TRUE if phase == Phase.RUNNING else cond.FALSE, reason, plan.message
+        ),
+        cond.Condition(
+            cond.SUSPENDED, cond.TRUE if phase == Phase.SUSPENDED else cond.FALSE, reason, plan.message
+        ),
+        cond.Condition(
+            cond.COMPLETE, cond.TRUE if phase == Phase.SUCCEEDED else cond.FALSE, reason, plan.message
+        ),
+        cond.Condition(cond.FAILED, cond.TRUE if phase == Phase.FAILED else cond.FALSE, reason, plan.message),
+    ]
+
+
+async def _ensure(rt: Runtime, path: str, body: Mapping[str, Any]) -> None:
+    """Create `body` unless it exists (a pass that ran before, or a racing one, made it)."""
+    try:
+        await rt.kube.create(path, body)
+    except ApiError as error:
+        if not error.conflict:
+            raise
+
+
+def _apps(namespace: str, name: str = "") -> str:
+    base = f"/apis/apps/v1/namespaces/{namespace}/deployments"
+    return f"{base}/{name}" if name else base
+
+
+async def _remove_evaluator(rt: Runtime, namespace: str, deployment: Mapping[str, Any]) -> None:
+    name = deployment["metadata"]["name"]
+    await rt.kube.delete(_apps(namespace, name))
+    await rt.kube.delete(core_path("services", namespace, name))
+
+
+async def _act(
+    rt: Runtime,
+    body: Mapping[str, Any],
+    spec: TrainingRunSpec,
+    plan: Plan,
+    children: Children,
+    prefix: str,
+    store_url: str,
+) -> None:
+    owner = owner_of(body)
+    namespace = owner.namespace
+    stage: TrainingStage | None = plan.stage
+    for name, deployment in children.deployments.items():
+        if stage is None or name != stage.name or not plan.eval_service:
+            await _remove_evaluator(rt, namespace, deployment)
+    if stage is None:
+        return
+    if plan.eval_service and stage.name not in children.deployments:
+        if not (stage.reward is not None and stage.reward.token_secret):
+            await _ensure(rt, core_path("secrets", namespace), eval_token(stage, owner))
+        reward_class = rt.settings.pools[reward_gpu_class(spec)]
+        await _ensure(rt, core_path("services", namespace), eval_service(stage, owner))
+        await _ensure(
+            rt,
+            _apps(namespace),
+            eval_deployment(spec, stage, owner, gpu_class=reward_class, settings=rt.settings),
+        )
+    job = children.jobs.get(stage.name)
+    if plan.create_job and job is None:
+        manifest = stage_job(
+            spec,
+            stage,
+            owner,
+            prefix=prefix,
+            store_url=store_url,
+            gpu_class=rt.settings.pools[spec.gpu_class],
+            settings=rt.settings,
+            suspend=bool(plan.job_suspend),
+        )
+        await _ensure(rt, jobs_path(namespace), manifest)
+    elif job is not None and plan.job_suspend is not None:
+        finished = job_view(job).state.value in ("Succeeded", "Failed")
+        if not finished and bool((job.get("spec") or {}).get("suspend")) != plan.job_suspend:
+            await rt.kube.patch(
+                jobs_path(namespace, job["metadata"]["name"]), {"spec": {"suspend": plan.job_suspend}}
+            )
+
+
+async def reconcile(body: Mapping[str, Any], rt: Runtime) -> dict[str, Any]:
+    """One pass over one TrainingRun; returns the status it should have."""
+    metadata = body["metadata"]
+    namespace, name, uid = metadata["namespace"], metadata["name"], metadata["uid"]
+    generation = int(metadata.get("generation") or 0)
+    run = RunRef(namespace, name, uid)
+    old_status = dict(body.get("status") or {})
+    conditions = old_status.get("conditions") or []
+    try:
+        spec = TrainingRunSpec.model_validate(body.get("spec") or {})
+        await _validate(rt, spec, run)
+    except (ValidationError, InvalidSpec) as error:
+        message = str(error)
+        accepted = cond.Condition(cond.ACCEPTED, cond.FALSE, "InvalidSpec", message)
+        return {
+            "phase": Phase.PENDING.value,
+            "observedGeneration": generation,
+            "conditions": cond.set_conditions(conditions, [accepted], observed_generation=generation),
+        }
+    store_url = spec.store or rt.settings.default_store
+    store = rt.store(store_url)
+    prefix = run.prefix
+    layout = TrainingLayout(prefix)
+    wanted = resolved_spec(spec, run)
+    recorded, same = await asyncio.to_thread(_record, store, layout, name, wanted)
+    if same:
+        accepted = cond.Condition(
+            cond.ACCEPTED, cond.TRUE, "Recorded", f"spec recorded at {store.url_for(layout.spec)}"
+        )
+    else:
+        accepted = cond.Condition(
+            cond.ACCEPTED,
+            cond.TRUE,
+            "SpecChangeIgnored",
+            "the spec changed after the run started; it keeps the one recorded at "
+            f"{store.url_for(layout.spec)} (only suspend applies); create a new TrainingRun to train "
+            "with the new spec",
+        )
+    children = await _children(rt, namespace, uid)
+    views = children.views()
+    current = plan_run(recorded, run, views, service_ready=False, suspend=spec.suspend)
+    ready = current.stage is not None and deployment_ready(children.deployments.get(current.stage.name))
+    plan = plan_run(recorded, run, views, service_ready=ready, suspend=spec.suspend)
+    await _act(rt, body, recorded, plan, children, prefix, store_url)
+
+    previous = TrainingRunStatus.model_validate(old_status).stages if old_status else []
+    names = stages_to_read(recorded, views, previous)
+    records, report = await asyncio.to_thread(_store_work, store, layout, names)
+    folded = fold_stages(recorded, plan, views, records, previous)
+    status = TrainingRunStatus(
+        phase=plan.phase.value,
+        observed_generation=generation,
+        current_stage=folded.current_stage,
+        stages_done=folded.stages_done,
+        checkpoint=folded.checkpoint,
+        stages=folded.stages,
+        report=report,
+    ).model_dump(mode="json", by_alias=True)
+    conditions = cond.remove_condition(conditions, cond.RECONCILE_ERROR)
+    status["conditions"] = cond.set_conditions(
+        conditions, _conditions(plan, accepted), observed_generation=generation
+    )
+    return status
+
+
+async def _patch_status(rt: Runtime, body: kopf.Body, status: dict[str, Any]) -> None:
+    metadata = body["metadata"]
+    current = dict(body.get("status") or {})
+    diff = status_diff(current, status)
+    if not diff:
+        return
+    urgent = current.get("phase") != status.get("phase")
+    if not rt.limiter.allow(metadata["uid"], urgent=urgent):
+        return
+    for changed in cond.transitions(current.get("conditions") or [], status.get("conditions") or []):
+        if changed.get("status") == cond.TRUE:
+            kind = "Warning" if changed.get("type") == cond.FAILED else "Normal"
+            kopf.event(
+                body, type=kind, reason=str(changed.get("reason")), message=str(changed.get("message"))
+            )
+    path = custom_path(GROUP, VERSION, PLURAL, metadata["namespace"], metadata["name"], "status")
+    await rt.kube.patch(path, {"status": diff})
+    rt.metrics.inc("status_patches_total", kind=KIND)
+
+
+TERMINAL = (Phase.SUCCEEDED.value, Phase.FAILED.value)
+
+
+async def _pass(body: kopf.Body, rt: Runtime, logger: Any) -> None:
+    """One reconcile and status patch; an error becomes the `ReconcileError` condition."""
+    rt.metrics.inc("reconciles_total", kind=KIND)
+    try:
+        status = await reconcile(body, rt)
+    except (ApiError, StoreError, OSError) as error:
+        reason = "ApiError" if isinstance(error, ApiError) else "StoreError"
+        rt.metrics.inc("errors_total", kind=KIND, reason=reason)
+        logger.warning(f"reconcile failed, retrying at the next pass: {error}")
+        status = _error_status(body, reason, str(error))
+    await _patch_status(rt, body, status)
+
+
+def _error_status(body: Mapping[str, Any], reason: str, message: str) -> dict[str, Any]:
+    old = dict(body.get("status") or {})
+    generation = int(body["metadata"].get("generation") or 0)
+    error = cond.Condition(cond.RECONCILE_ERROR, cond.TRUE, reason, message)
+    conditions = cond.set_conditions(old.get("conditions") or [], [error], observed_generation=generation)
+    return {**old, "conditions": conditions}
+
+
+@kopf.daemon(GROUP, VERSION, PLURAL, registry=REGISTRY, cancellation_timeout=10.0)
+async def follow(body: kopf.Body, memo: Any, stopped: kopf.DaemonStopped, logger: Any, **_: Any) -> None:
+    """Reconcile the run every `status_interval_s` until it ends (or is deleted).
+
+    kopf keeps `body` current from its watch, so a changed `suspend` is seen at the next pass.
+    A finished run is not reconciled again: nothing of it can change any more.
+    """
+    rt = runtime(memo)
+    while not stopped:
+        if (body.get("status") or {}).get("phase") not in TERMINAL:
+            await _pass(body, rt, logger)
+        await stopped.wait(rt.settings.status_interval_s)
+
+
+@kopf.on.delete(GROUP, VERSION, PLURAL, optional=True, registry=REGISTRY)
+async def deleted(body: kopf.Body, memo: Any, **_: Any) -> None:
+    """Nothing to clean up by hand: everything the run made is owned by it (garbage collection)."""
+    runtime(memo).limiter.forget(body["metadata"]["uid"])
