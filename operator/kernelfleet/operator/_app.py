@@ -1,13 +1,17 @@
 """The kopf application: one registry that every custom resource's module adds its handlers to,
 the runtime those handlers share, and `run()`, which starts kopf embedded in this process.
 
-A module for a kind (optimizationjob.py, trainingrun.py, ...) decorates its handlers with
-`registry=REGISTRY` and reads what it needs from `runtime(memo)`:
+A module for a kind (optimizationjob.py, trainingrun.py, ...) has a function
+`register(registry, settings)` that adds its handlers to the registry (so that intervals can
+come from the settings), and its handlers read what they share from `runtime(memo)`:
 
-    @kopf.on.create(GROUP, VERSION, "optimizationjobs", registry=REGISTRY)
-    async def created(body, memo, patch, **_):
+    def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> None:
+        kopf.timer(GROUP, VERSION, "trainingruns", interval=settings.status_interval_s,
+                   registry=registry)(reconcile)
+
+    async def reconcile(body, memo, patch, **_):
         rt = runtime(memo)
-        await rt.kube.create(...)
+        await rt.kube.create(jobs_path(namespace), job)
 
 Using a registry of our own (not kopf's global default) keeps the handlers of a test's
 operator apart from any other kopf code in the process, and lets `kernelfleet operator` run
@@ -18,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -133,17 +136,34 @@ class RunOptions:
     metrics_port: int | None = 9090
 
 
-def run(settings: OperatorSettings, options: RunOptions, stop_flag: threading.Event | None = None) -> None:
-    """Run the operator in this thread until it is stopped (SIGINT/SIGTERM, or `stop_flag`)."""
-    # The handlers of each kind register themselves when their module is imported.
-    from kernelfleet.operator import optimizationjob  # noqa: F401
+_registered: set[str] = set()
 
-    for name in ("trainingrun",):
+
+def register_kinds(settings: OperatorSettings) -> None:
+    """Add each kind's handlers to REGISTRY once: every kind's module has a
+    `register(registry, settings)` function (optimizationjob.py, trainingrun.py, ...)."""
+    import importlib
+
+    for name in KINDS:
+        if name in _registered:
+            continue
         try:
-            __import__(f"kernelfleet.operator.{name}")
+            module = importlib.import_module(f"kernelfleet.operator.{name}")
         except ModuleNotFoundError as error:
             if error.name != f"kernelfleet.operator.{name}":
                 raise
+            continue
+        module.register(REGISTRY, settings)
+        _registered.add(name)
+
+
+# The modules of the kinds the operator reconciles; one that is not installed is skipped.
+KINDS = ("optimizationjob", "trainingrun")
+
+
+def run(settings: OperatorSettings, options: RunOptions, stop_flag: threading.Event | None = None) -> None:
+    """Run the operator in this thread until it is stopped (SIGINT/SIGTERM, or `stop_flag`)."""
+    register_kinds(settings)
 
     async def login_for_client() -> kopf.ConnectionInfo:
         return await _login()
@@ -182,5 +202,4 @@ def run(settings: OperatorSettings, options: RunOptions, stop_flag: threading.Ev
         settings.pools.source,
         settings.default_store or "(none: each job must name spec.store)",
     )
-    os.environ.setdefault("KOPF_RUN_PID", str(os.getpid()))
     asyncio.run(main())

@@ -175,14 +175,19 @@ def container(
     gpus: int = 0,
     requests: Mapping[str, str] | None = None,
     store_secret: bool = False,
+    env_from_secrets: Sequence[tuple[str, str, str]] = (),
 ) -> dict[str, Any]:
-    """A locked-down container with the scratch volumes (and the store credentials) mounted."""
+    """A locked-down container with the scratch volumes (and the store credentials) mounted.
+
+    `env_from_secrets` are (variable, Secret, key) triples: values that stay in their Secret
+    (an endpoint's API key) and reach the process through a secretKeyRef.
+    """
     resources: dict[str, Any] = {}
     if gpus and gpu_resource:
         resources["limits"] = {gpu_resource: str(gpus)}
     if requests:
         resources["requests"] = dict(requests)
-    mounts = [
+    mounts: list[dict[str, Any]] = [
         {"name": "scratch", "mountPath": SCRATCH_DIR},
         {"name": "shm", "mountPath": SHM_DIR},
     ]
@@ -193,7 +198,11 @@ def container(
         "image": image,
         "imagePullPolicy": pull_policy,
         "command": list(command),
-        "env": env_list({**scratch_env(), **env}),
+        "env": env_list({**scratch_env(), **env})
+        + [
+            {"name": variable, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
+            for variable, secret, key in env_from_secrets
+        ],
         "resources": resources,
         "securityContext": container_security_context(),
         "volumeMounts": mounts,

@@ -1,3 +1,714 @@
-"""OptimizationJob: the kopf handlers (work in progress: reconciliation lands next)."""
+"""OptimizationJob: reconciled level-based, from what exists, on a kopf timer.
+
+Every pass of the timer does the same, whatever happened before (a restart, a kill -9, a lost
+watch event, a handler that ran twice):
+
+1. the plan: read it from the store if it is there; otherwise validate what the CRD schema
+   cannot (pool classes, policy Secrets, the store), resolve the tasks and write the plan;
+2. the Jobs: create each planned Indexed Job that the index of child Jobs lacks (deterministic
+   names: a second create is a harmless 409), the re-verification Jobs once the search Jobs
+   have all ended, and bring `suspend` and `parallelism` of the others to what the spec says;
+3. the status: fold the Jobs' status (from kopf's index of child Jobs) and the per-task
+   outcome records in the store into counters, speedups and conditions, and patch it when it
+   changed, at most once per resource every few seconds, with an Event per transition.
+
+Nothing here keeps state that matters across restarts: the plan is in the store, the Jobs are
+in the API, and the in-memory caches (outcomes already read, Jobs just created) only save work.
+Deleting the resource deletes its Jobs through their owner references; the results stay.
+"""
 
 from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+from pydantic import ValidationError
+
+from kernelfleet.core.errors import KernelfleetError, UsageError
+from kernelfleet.core.jobplan import (
+    JobPlan,
+    Role,
+    Shard,
+    TaskOutcome,
+    chunk_key,
+    chunk_tasks,
+    job_prefix,
+    outcome_dir,
+    plan_key,
+)
+from kernelfleet.core.resources import GROUP, VERSION, OptimizationJobSpec, PolicyKind
+from kernelfleet.core.store import NotFound, Store, StoreUnavailable
+from kernelfleet.operator import _conditions as cond
+from kernelfleet.operator._app import Runtime, runtime
+from kernelfleet.operator._jobs import (
+    LABEL_GPU_CLASS,
+    LABEL_OWNER_UID,
+    LABEL_ROLE,
+    LABEL_SHARD,
+    WORKER_CONTAINER,
+    JobOptions,
+    Owner,
+    container,
+    count_indexes,
+    indexed_job,
+    job_finished,
+    pod_spec,
+    store_env,
+)
+from kernelfleet.operator._kube import ApiError, core_path, custom_path, jobs_path
+from kernelfleet.operator._plan import SpecError, distribute_parallelism, make_plan, resolve_tasks
+from kernelfleet.operator._settings import OperatorSettings
+from kernelfleet.operator._status import best, median, status_diff
+
+log = logging.getLogger("kernelfleet.operator.optimizationjob")
+
+KIND = "OptimizationJob"
+PLURAL = "optimizationjobs"
+OWNER_LABEL = f"{GROUP}/optimizationjob"
+INDEX = "optimizationjob_jobs"
+API_KEY_VARIABLE = "KERNELFLEET_OPENAI_API_KEY"
+NODES_TTL_S = 30.0
+
+
+# ---------------------------------------------------------------------- the index of child Jobs
+
+
+@dataclass(frozen=True)
+class JobView:
+    """What the status needs of one child Job; kept in kopf's index, so it stays small."""
+
+    name: str
+    role: str
+    gpu_class: str
+    shard: int
+    completions: int
+    parallelism: int
+    suspend: bool
+    active: int
+    succeeded: int
+    failed_indexes: frozenset[int]
+    finished: str | None
+    reason: str
+    deleting: bool
+
+
+def _index_set(ranges: str | None) -> frozenset[int]:
+    found: set[int] = set()
+    for part in (ranges or "").split(","):
+        part = part.strip()
+        if part:
+            first, _, last = part.partition("-")
+            found.update(range(int(first), int(last or first) + 1))
+    return frozenset(found)
+
+
+def index_jobs(body: kopf.Body, **_: Any) -> dict[tuple[str, str], JobView] | None:
+    labels = body.metadata.labels
+    uid = labels.get(LABEL_OWNER_UID)
+    if not uid or OWNER_LABEL not in labels:
+        return None
+    spec, status = body.get("spec", {}), body.get("status", {})
+    finished = job_finished(body)
+    reason = ""
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == finished:
+            reason = condition.get("reason", "")
+    view = JobView(
+        name=body.metadata.name or "",
+        role=labels.get(LABEL_ROLE, Role.SEARCH.value),
+        gpu_class=labels.get(LABEL_GPU_CLASS, ""),
+        shard=int(labels.get(LABEL_SHARD, "0") or 0),
+        completions=int(spec.get("completions") or 0),
+        parallelism=int(spec.get("parallelism") or 0),
+        suspend=bool(spec.get("suspend")),
+        active=int(status.get("active") or 0),
+        succeeded=count_indexes(status.get("completedIndexes")),
+        failed_indexes=_index_set(status.get("failedIndexes")),
+        finished=finished,
+        reason=reason,
+        deleting=bool(body.metadata.get("deletionTimestamp")),
+    )
+    return {(body.metadata.namespace or "", uid): view}
+
+
+# ---------------------------------------------------------------------- per-resource memory
+
+
+@dataclass
+class _Memory:
+    """What saves work between passes (never needed for correctness)."""
+
+    plan: JobPlan | None = None
+    created: set[str] = field(default_factory=set)
+    outcomes: dict[str, TaskOutcome] = field(default_factory=dict)
+    phase: str = ""
+
+
+_memory: dict[str, _Memory] = {}
+_nodes: dict[str, Any] = {"at": -1e9, "labels": None}
+
+
+def _mem(uid: str) -> _Memory:
+    return _memory.setdefault(uid, _Memory())
+
+
+# ---------------------------------------------------------------------- the plan
+
+
+async def _validate(rt: Runtime, spec: OptimizationJobSpec, namespace: str) -> None:
+    """What the CRD schema cannot check; raises SpecError naming the field."""
+    pools = rt.settings.pools
+    for field_name, classes in (("gpuClasses", spec.gpu_classes), ("verifyOn", spec.verify_on)):
+        for position, gpu_class in enumerate(classes):
+            if gpu_class not in pools:
+                raise SpecError(
+                    f"spec.{field_name}[{position}]",
+                    f"GPU class {gpu_class!r} is not in the operator's pool configuration "
+                    f"({pools.source}); the classes are: {', '.join(pools)}",
+                )
+    if not (spec.store or rt.settings.default_store):
+        raise SpecError(
+            "spec.store",
+            "no store: set spec.store (s3://bucket/prefix), or install the operator with a default "
+            "store (the chart's store.url)",
+        )
+    for position, policy in enumerate(spec.policies):
+        if policy.kind == PolicyKind.REPLAY and not policy.path:
+            raise SpecError(f"spec.policies[{position}].path", "a replay policy needs a path (a store URL)")
+        if policy.kind == PolicyKind.OPENAI and not (policy.model and policy.base_url):
+            raise SpecError(f"spec.policies[{position}]", "an openai policy needs model and baseUrl")
+        if policy.api_key_secret:
+            secret = await rt.kube.get_or_none(core_path("secrets", namespace, policy.api_key_secret))
+            where = f"spec.policies[{position}].apiKeySecret"
+            if secret is None:
+                raise SpecError(
+                    where, f"Secret {policy.api_key_secret!r} does not exist in namespace {namespace}"
+                )
+            if "apiKey" not in (secret.get("data") or {}):
+                raise SpecError(where, f"Secret {policy.api_key_secret!r} has no key 'apiKey'")
+    if rt.settings.store_secret:
+        secret = await rt.kube.get_or_none(core_path("secrets", namespace, rt.settings.store_secret))
+        if secret is None:
+            raise SpecError(
+                "metadata.namespace",
+                f"the store Secret {rt.settings.store_secret!r} (keys accesskey, secretkey) does not exist "
+                f"in namespace {namespace}: the worker pods mount it; copy it there",
+            )
+
+
+def _write_plan(store: Store, plan: JobPlan, tasks: list[Any]) -> None:
+    """Chunks first, the plan last: a plan in the store is a complete one."""
+    for number, chunk in enumerate(chunk_tasks(tasks, plan.chunk_size)):
+        store.put_json(chunk_key(plan.prefix, number), chunk)
+    store.put_json(plan_key(plan.prefix), plan)
+
+
+async def _ensure_plan(
+    rt: Runtime, spec: OptimizationJobSpec, namespace: str, name: str, uid: str
+) -> JobPlan:
+    memory = _mem(uid)
+    if memory.plan is not None:
+        return memory.plan
+    store = rt.store(spec.store)
+    prefix = job_prefix(namespace, name, uid)
+    try:
+        raw = await asyncio.to_thread(store.get_json, plan_key(prefix))
+        memory.plan = JobPlan.model_validate(raw)
+        return memory.plan
+    except NotFound:
+        pass
+    await _validate(rt, spec, namespace)
+
+    def resolve_and_write() -> JobPlan:
+        tasks = resolve_tasks(spec, lambda url: rt.store(url))
+        plan = make_plan(
+            namespace=namespace,
+            name=name,
+            uid=uid,
+            spec=spec,
+            tasks_total=len(tasks),
+            max_indexes_per_job=rt.settings.max_indexes_per_job,
+        )
+        _write_plan(store, plan, tasks)
+        return plan
+
+    memory.plan = await asyncio.to_thread(resolve_and_write)
+    log.info(
+        "%s/%s: planned %d task(s), %d Job(s)",
+        namespace,
+        name,
+        memory.plan.tasks_total,
+        len(memory.plan.shards),
+    )
+    return memory.plan
+
+
+# ---------------------------------------------------------------------- the Jobs
+
+
+def build_job(rt: Runtime, plan: JobPlan, shard: Shard, owner: Owner, parallelism: int) -> dict[str, Any]:
+    """The Indexed Job of one shard (unit-tested: the exact Job the operator creates)."""
+    spec = plan.spec
+    settings = rt.settings
+    gpu_class = settings.pools[shard.gpu_class]
+    store_url = spec.store or settings.default_store
+    secrets = [
+        (API_KEY_VARIABLE, policy.api_key_secret, "apiKey")
+        for policy in spec.policies
+        if policy.api_key_secret
+    ][:1]
+    worker = container(
+        name=WORKER_CONTAINER,
+        image=settings.worker_image,
+        pull_policy=settings.worker_pull_policy,
+        command=[
+            *settings.worker_command,
+            "--store",
+            store_url,
+            "--prefix",
+            plan.prefix,
+            "--gpu-class",
+            shard.gpu_class,
+            "--shard",
+            str(shard.number),
+            "--role",
+            shard.role.value,
+        ],
+        env={**store_env(settings, store_url), "KERNELFLEET_GPU_CLASS": shard.gpu_class},
+        gpu_resource=gpu_class.gpu_resource,
+        gpus=spec.gpus_per_pod,
+        store_secret=bool(settings.store_secret),
+        env_from_secrets=secrets,
+    )
+    pod = pod_spec(
+        [worker], settings=settings, gpu_class=gpu_class, priority_class_name=spec.priority_class_name
+    )
+    return indexed_job(
+        name=shard.job_name,
+        owner=owner,
+        labels={
+            LABEL_GPU_CLASS: shard.gpu_class,
+            LABEL_ROLE: shard.role.value,
+            LABEL_SHARD: str(shard.number),
+        },
+        pod=pod,
+        completions=shard.completions,
+        options=JobOptions(
+            parallelism=parallelism,
+            suspend=spec.suspend,
+            backoff_limit_per_index=spec.backoff_limit_per_index,
+            ttl_seconds_after_finished=spec.ttl_seconds_after_finished,
+            active_deadline_seconds=spec.active_deadline_seconds,
+            queue_name=spec.queue_name,
+        ),
+    )
+
+
+def _desired_parallelism(plan: JobPlan, views: Mapping[str, JobView], role: Role) -> dict[str, int]:
+    """Each shard's share of its class's parallelism (earlier shards first)."""
+    result: dict[str, int] = {}
+    for gpu_class in {s.gpu_class for s in plan.shards if s.role == role}:
+        shards = sorted(
+            (s for s in plan.shards if s.role == role and s.gpu_class == gpu_class), key=lambda s: s.number
+        )
+        remaining = []
+        for shard in shards:
+            view = views.get(shard.job_name)
+            if view is None:
+                remaining.append(shard.completions)
+            elif view.finished:
+                remaining.append(0)
+            else:
+                remaining.append(max(0, shard.completions - view.succeeded - len(view.failed_indexes)))
+        for shard, share in zip(
+            shards, distribute_parallelism(plan.spec.parallelism, remaining), strict=True
+        ):
+            result[shard.job_name] = share
+    return result
+
+
+async def _converge_jobs(
+    rt: Runtime, plan: JobPlan, spec: OptimizationJobSpec, owner: Owner, views: Mapping[str, JobView]
+) -> None:
+    memory = _mem(owner.uid)
+    search_shards = [s for s in plan.shards if s.role == Role.SEARCH]
+    search_done = all((v := views.get(s.job_name)) is not None and v.finished for s in search_shards)
+    wanted = list(search_shards)
+    if search_done:
+        wanted += [s for s in plan.shards if s.role == Role.VERIFY]
+    shares = {
+        **_desired_parallelism(plan, views, Role.SEARCH),
+        **_desired_parallelism(plan, views, Role.VERIFY),
+    }
+    missing = [s for s in wanted if s.job_name not in views and s.job_name not in memory.created]
+
+    async def create(shard: Shard) -> None:
+        body = build_job(rt, plan, shard, owner, shares.get(shard.job_name, spec.parallelism))
+        try:
+            await rt.kube.create(jobs_path(owner.namespace), body)
+        except ApiError as error:
+            if not error.conflict:
+                raise
+        memory.created.add(shard.job_name)
+
+    for start in range(0, len(missing), 8):
+        await asyncio.gather(*(create(s) for s in missing[start : start + 8]))
+    for shard in wanted:
+        view = views.get(shard.job_name)
+        if view is None or view.finished or view.deleting:
+            continue
+        patch: dict[str, Any] = {}
+        desired_suspend = spec.suspend or (bool(spec.queue_name) and view.suspend)
+        if view.suspend != desired_suspend:
+            patch["suspend"] = desired_suspend
+        share = shares.get(shard.job_name, view.parallelism)
+        if view.parallelism != share:
+            patch["parallelism"] = share
+        if patch:
+            await rt.kube.patch(jobs_path(owner.namespace, shard.job_name), {"spec": patch})
+
+
+# ---------------------------------------------------------------------- the status
+
+
+async def _missing_classes(rt: Runtime, classes: list[str]) -> dict[str, str]:
+    """Classes no node offers, with the labels looked for. Nodes are listed at most every 30 s;
+    without permission to list nodes the check is skipped (an empty answer)."""
+    now = time.monotonic()
+    if now - _nodes["at"] > NODES_TTL_S:
+        try:
+            items = await rt.kube.list_all(core_path("nodes"))
+            _nodes["labels"] = [(i.get("metadata") or {}).get("labels") or {} for i in items]
+        except ApiError as error:
+            if error.status not in (401, 403):
+                raise
+            _nodes["labels"] = None
+        _nodes["at"] = now
+    labels = _nodes["labels"]
+    if labels is None:
+        return {}
+    pools = rt.settings.pools
+    return {
+        c: pools[c].describe_labels()
+        for c in classes
+        if c in pools and not any(pools[c].matches(node) for node in labels)
+    }
+
+
+def _read_outcomes(store: Store, plan: JobPlan, known: dict[str, TaskOutcome]) -> None:
+    """Read the outcome records not read before (keys are immutable: a record never changes)."""
+    classes = {(s.role, s.gpu_class) for s in plan.shards}
+    for role, gpu_class in sorted(classes):
+        for key in store.list(outcome_dir(plan.prefix, role, gpu_class)):
+            if key.endswith(".json") and key not in known:
+                try:
+                    known[key] = TaskOutcome.model_validate(store.get_json(key))
+                except (NotFound, ValidationError, KernelfleetError) as error:
+                    log.warning("unreadable outcome %s: %s", key, error)
+
+
+@dataclass(frozen=True)
+class Fold:
+    """The folded status and the conditions to set; pure data, unit-tested."""
+
+    status: dict[str, Any]
+    conditions: list[cond.Condition]
+
+
+def fold_status(
+    plan: JobPlan,
+    views: Mapping[str, JobView],
+    outcomes: Mapping[str, TaskOutcome],
+    *,
+    suspended: bool,
+    missing_classes: Mapping[str, str],
+    results_url: str,
+) -> Fold:
+    """Counters, speedups, phase and conditions from the Jobs and the outcome records."""
+    search = [o for o in outcomes.values() if o.role == Role.SEARCH]
+    verify = [o for o in outcomes.values() if o.role == Role.VERIFY]
+    per_class: dict[str, Any] = {}
+    all_speedups: list[float] = []
+    done_total = failed_total = variants_total = 0
+    for gpu_class in plan.spec.gpu_classes:
+        mine = [o for o in search if o.gpu_class == gpu_class]
+        shards = [s for s in plan.shards if s.role == Role.SEARCH and s.gpu_class == gpu_class]
+        failed_from_indexes = 0
+        active = jobs = 0
+        for shard in shards:
+            view = views.get(shard.job_name)
+            if view is None:
+                continue
+            jobs += 1
+            active += view.active
+            failed_from_indexes += sum(
+                len(shard.positions(i)) for i in view.failed_indexes if i < shard.completions
+            )
+        done = sum(1 for o in mine if o.ok)
+        failed = min(plan.tasks_total - done, sum(1 for o in mine if not o.ok) + failed_from_indexes)
+        speedups = [o.best_speedup for o in mine if o.ok and o.best_speedup is not None]
+        all_speedups += speedups
+        variants = sum(o.variants for o in mine)
+        done_total += done
+        failed_total += failed
+        variants_total += variants
+        per_class[gpu_class] = {
+            "tasksTotal": plan.tasks_total,
+            "tasksDone": done,
+            "tasksFailed": failed,
+            "variantsEvaluated": variants,
+            "bestSpeedup": best(speedups),
+            "medianSpeedup": median(speedups),
+            "jobs": jobs,
+            "activePods": active,
+        }
+    verification: dict[str, Any] = {}
+    for gpu_class in plan.spec.verify_on:
+        mine = [o for o in verify if o.gpu_class == gpu_class]
+        measured = [o.best_speedup for o in mine if o.verified and o.best_speedup is not None]
+        ratios = [
+            o.best_speedup / o.source_speedup
+            for o in mine
+            if o.verified and o.best_speedup is not None and o.source_speedup
+        ]
+        verification[gpu_class] = {
+            "tasksTotal": plan.tasks_total,
+            "tasksDone": sum(1 for o in mine if o.ok),
+            "tasksFailed": sum(1 for o in mine if not o.ok),
+            "verified": sum(1 for o in mine if o.verified),
+            "medianSpeedup": median(measured),
+            "medianRatio": median(ratios),
+        }
+
+    search_views = [views.get(s.job_name) for s in plan.shards if s.role == Role.SEARCH]
+    verify_views = [views.get(s.job_name) for s in plan.shards if s.role == Role.VERIFY]
+    search_done = all(v is not None and v.finished for v in search_views)
+    verify_done = all(v is not None and v.finished for v in verify_views)
+    active_pods = sum(v.active for v in [*search_views, *verify_views] if v is not None)
+    deadline = [
+        v
+        for v in [*search_views, *verify_views]
+        if v is not None and v.finished == "Failed" and v.reason == "DeadlineExceeded"
+    ]
+    total_tasks = plan.tasks_total * len(plan.spec.gpu_classes)
+
+    conditions = [
+        cond.Condition(
+            cond.SUSPENDED,
+            cond.TRUE if suspended else cond.FALSE,
+            "SuspendedBySpec" if suspended else "NotSuspended",
+            "spec.suspend is true: no pods run; set it to false to continue" if suspended else "",
+        )
+    ]
+    if missing_classes:
+        text = "; ".join(
+            f"no node offers GPU class {c} (looked for {labels})"
+            for c, labels in sorted(missing_classes.items())
+        )
+        conditions.append(cond.Condition(cond.GPU_CLASS_UNAVAILABLE, cond.TRUE, "NoMatchingNodes", text))
+    else:
+        conditions.append(cond.Condition(cond.GPU_CLASS_UNAVAILABLE, cond.FALSE, "NodesFound", ""))
+    summary = f"{done_total} of {total_tasks} task runs done, {failed_total} failed"
+    if deadline:
+        phase = "Failed"
+        conditions += [
+            cond.Condition(
+                cond.FAILED,
+                cond.TRUE,
+                "DeadlineExceeded",
+                f"Job {deadline[0].name} ran past spec.activeDeadlineSeconds; {summary}",
+            ),
+            cond.Condition(cond.COMPLETE, cond.FALSE, "DeadlineExceeded", ""),
+            cond.Condition(cond.RUNNING, cond.FALSE, "Finished", ""),
+        ]
+    elif search_done and verify_done:
+        all_failed = done_total == 0 and failed_total > 0
+        phase = "Failed" if all_failed else "Succeeded"
+        conditions += [
+            cond.Condition(
+                cond.COMPLETE,
+                cond.FALSE if all_failed else cond.TRUE,
+                "AllTasksFailed" if all_failed else "AllTasksEnded",
+                summary,
+            ),
+            cond.Condition(
+                cond.FAILED,
+                cond.TRUE if all_failed else cond.FALSE,
+                "AllTasksFailed" if all_failed else "NotFailed",
+                summary if all_failed else "",
+            ),
+            cond.Condition(cond.RUNNING, cond.FALSE, "Finished", ""),
+        ]
+    else:
+        verifying = search_done and bool(verify_views)
+        if suspended:
+            phase = "Suspended"
+        elif verifying:
+            phase = "Verifying"
+        else:
+            phase = "Running" if active_pods else "Pending"
+        conditions += [
+            cond.Condition(
+                cond.RUNNING,
+                cond.TRUE if active_pods and not suspended else cond.FALSE,
+                ("Verifying" if verifying else "PodsActive")
+                if active_pods and not suspended
+                else ("Suspended" if suspended else "NoPodsActive"),
+                f"{active_pods} pod(s) active; {summary}",
+            ),
+            cond.Condition(cond.COMPLETE, cond.FALSE, "InProgress", ""),
+            cond.Condition(cond.FAILED, cond.FALSE, "NotFailed", ""),
+        ]
+    status = {
+        "phase": phase,
+        "tasksTotal": total_tasks,
+        "tasksDone": done_total,
+        "tasksFailed": failed_total,
+        "variantsEvaluated": variants_total,
+        "bestSpeedup": best(all_speedups),
+        "medianSpeedup": median(all_speedups),
+        "perClass": per_class,
+        "verification": verification,
+        "results": results_url,
+    }
+    return Fold(status=status, conditions=conditions)
+
+
+# ---------------------------------------------------------------------- the timer
+
+
+def _post_events(body: kopf.Body, changed: list[Mapping[str, Any]]) -> None:
+    for condition in changed:
+        warning = (
+            condition["type"] in (cond.FAILED, cond.GPU_CLASS_UNAVAILABLE, cond.RECONCILE_ERROR)
+            and condition["status"] == cond.TRUE
+        )
+        if (
+            condition["status"] != cond.TRUE
+            and not warning
+            and condition["type"] not in (cond.RUNNING, cond.SUSPENDED)
+        ):
+            continue
+        kopf.event(
+            body,
+            type="Warning" if warning else "Normal",
+            reason=str(condition.get("reason") or condition["type"]),
+            message=f"{condition['type']}={condition['status']}: {condition.get('message', '')}"[:1024],
+        )
+
+
+async def reconcile(
+    body: kopf.Body,
+    spec: kopf.Spec,
+    status: kopf.Status,
+    meta: kopf.Meta,
+    patch: kopf.Patch,
+    memo: Any,
+    **kwargs: Any,
+) -> None:
+    rt = runtime(memo)
+    namespace, name, uid = meta.namespace or "", meta.name or "", meta.uid or ""
+    generation = int(meta.get("generation") or 0)
+    rt.metrics.inc("reconciles_total", kind=KIND)
+    current_conditions = list(status.get("conditions") or [])
+    updates: list[cond.Condition] = []
+    desired: dict[str, Any] = {"observedGeneration": generation}
+    urgent = False
+    try:
+        parsed = OptimizationJobSpec.model_validate(dict(spec))
+        plan = await _ensure_plan(rt, parsed, namespace, name, uid)
+        owner = Owner(kind=KIND, name=name, namespace=namespace, uid=uid)
+        index = kwargs.get(INDEX)
+        views = {v.name: v for v in (index.get((namespace, uid), []) if index is not None else [])}
+        await _converge_jobs(rt, plan, parsed, owner, views)
+        store = rt.store(parsed.store)
+        memory = _mem(uid)
+        await asyncio.to_thread(_read_outcomes, store, plan, memory.outcomes)
+        missing = await _missing_classes(rt, sorted({*parsed.gpu_classes, *parsed.verify_on}))
+        fold = fold_status(
+            plan,
+            views,
+            memory.outcomes,
+            suspended=parsed.suspend,
+            missing_classes=missing,
+            results_url=store.url_for(plan.prefix),
+        )
+        desired.update(fold.status)
+        updates += fold.conditions
+        shards = len(plan.shards)
+        updates.append(
+            cond.Condition(
+                cond.ACCEPTED, cond.TRUE, "Planned", f"{plan.tasks_total} task(s), {shards} Job(s) planned"
+            )
+        )
+        if cond.find(current_conditions, cond.RECONCILE_ERROR):
+            updates.append(cond.Condition(cond.RECONCILE_ERROR, cond.FALSE, "Reconciled", ""))
+        if not status.get("startTime"):
+            desired["startTime"] = cond.now()
+        if desired["phase"] in ("Succeeded", "Failed") and not status.get("completionTime"):
+            desired["completionTime"] = cond.now()
+    except (SpecError, ValidationError, UsageError) as error:
+        message = (
+            str(error) if not isinstance(error, ValidationError) else f"spec is invalid: {error.errors()[0]}"
+        )
+        rt.metrics.inc("errors_total", kind=KIND, reason="InvalidSpec")
+        desired["phase"] = "Failed"
+        updates += [
+            cond.Condition(cond.ACCEPTED, cond.FALSE, "InvalidSpec", message),
+            cond.Condition(cond.FAILED, cond.TRUE, "InvalidSpec", message),
+        ]
+        urgent = not cond.find(current_conditions, cond.ACCEPTED)
+    except (StoreUnavailable, ApiError, OSError, KernelfleetError) as error:
+        # Worth retrying: the next pass does. The error is in a condition, not only in the log.
+        reason = "StoreUnreachable" if isinstance(error, StoreUnavailable | KernelfleetError) else "ApiError"
+        rt.metrics.inc("errors_total", kind=KIND, reason=reason)
+        log.warning("%s/%s: %s", namespace, name, error)
+        updates.append(cond.Condition(cond.RECONCILE_ERROR, cond.TRUE, reason, str(error)[:2000]))
+        if not status.get("phase"):
+            desired["phase"] = "Pending"
+    new_conditions = cond.set_conditions(current_conditions, updates, observed_generation=generation)
+    desired["conditions"] = new_conditions
+    diff = status_diff(dict(status), desired)
+    changed = cond.transitions(current_conditions, new_conditions)
+    if diff and rt.limiter.allow(uid, urgent=urgent or bool(changed and not current_conditions)):
+        for key, value in diff.items():
+            patch.status[key] = value
+        rt.metrics.inc("status_patches_total", kind=KIND)
+        _post_events(body, changed)
+        memory = _mem(uid)
+        memory.phase = str(desired.get("phase", memory.phase))
+    _update_phase_gauge(rt)
+
+
+def _update_phase_gauge(rt: Runtime) -> None:
+    counts: dict[str, int] = {}
+    for memory in _memory.values():
+        if memory.phase:
+            counts[memory.phase] = counts.get(memory.phase, 0) + 1
+    rt.metrics.replace_gauge("jobs", (({"kind": KIND, "phase": p}, float(n)) for p, n in counts.items()))
+
+
+async def forget(meta: kopf.Meta, memo: Any, **_: Any) -> None:
+    """The resource is being deleted: its Jobs go with it (owner references); drop the caches."""
+    uid = meta.uid or ""
+    _memory.pop(uid, None)
+    runtime(memo).limiter.forget(uid)
+
+
+def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> None:
+    """Add the OptimizationJob handlers to `registry` (called by `_app.register_kinds`)."""
+    interval_s = settings.status_interval_s
+    kopf.index("batch", "v1", "jobs", labels={OWNER_LABEL: kopf.PRESENT}, registry=registry, id=INDEX)(
+        index_jobs
+    )
+    kopf.timer(GROUP, VERSION, PLURAL, interval=interval_s, registry=registry, id="reconcile")(reconcile)
+    kopf.on.delete(GROUP, VERSION, PLURAL, optional=True, registry=registry, id="forget")(forget)
+
+
+def resource_path(namespace: str, name: str = "") -> str:
+    return custom_path(GROUP, VERSION, PLURAL, namespace, name)

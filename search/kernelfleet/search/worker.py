@@ -35,9 +35,10 @@ from kernelfleet.core.errors import KernelfleetError, StoreError, UsageError
 from kernelfleet.core.jobplan import (
     EXIT_DETERMINISTIC,
     JobPlan,
-    PlannedTask,
     Role,
+    TaskChunk,
     TaskOutcome,
+    chunk_key,
     outcome_dir,
     outcome_key,
     plan_key,
@@ -46,7 +47,7 @@ from kernelfleet.core.jobplan import (
 from kernelfleet.core.models import EvaluationResult, Task, TaskSummary, Verdict
 from kernelfleet.core.resources import PolicyKind, PolicySpec
 from kernelfleet.core.store import NotFound, ObjectConflict, Store, StoreUnavailable, open_store
-from kernelfleet.search._layout import RunLayout, read_task, task_object
+from kernelfleet.search._layout import RunLayout, task_object
 from kernelfleet.search._loop import Budget, optimize
 from kernelfleet.search.policies._base import Policy
 from kernelfleet.search.policies._specs import PolicyOptions, make_policy
@@ -101,9 +102,10 @@ def run_worker(args: argparse.Namespace) -> int:
         store = open_store(args.store)
         plan = load_plan(store, args.prefix)
         try:
-            planned = plan.tasks_of(args.gpu_class, args.shard, index)
+            positions = plan.shard(args.role, args.gpu_class, args.shard).positions(index)
         except (KeyError, ValueError) as error:
             raise DeterministicError(f"{error}: the pod does not belong to this plan") from None
+        planned = load_slice(store, plan, positions)
         worker = Worker(store, plan, args.gpu_class, Role(args.role), device=args.device)
         log.info(
             "%s %s/%s shard %d index %d: %d task(s) on %s",
@@ -138,27 +140,21 @@ def load_plan(store: Store, prefix: str) -> JobPlan:
         ) from None
 
 
-def resolve_task(store: Store, planned: PlannedTask) -> Task:
-    """The task's code, from the copy of KernelBench in core or from the store; checked against
-    the plan's hash, so a worker image with other task files cannot measure something else."""
-    if planned.ref.startswith("store:"):
+def load_slice(store: Store, plan: JobPlan, positions: range) -> list[Task]:
+    """The tasks at `positions` of the plan, from the chunks that hold them."""
+    found: dict[int, Task] = {}
+    for number in plan.chunks_for(positions):
+        key = chunk_key(plan.prefix, number)
         try:
-            task = read_task(store.get_json(planned.ref.removeprefix("store:")))
+            chunk = TaskChunk.model_validate(store.get_json(key))
         except NotFound:
-            raise DeterministicError(f"task {planned.name}: {planned.ref} is not in the store") from None
-    else:
-        from kernelfleet.core.tasks import load_tasks
-
-        matches = [t for t in load_tasks(planned.ref) if t.hash == planned.hash]
-        if not matches:
-            raise DeterministicError(
-                f"task {planned.name}: {planned.ref} in this image does not have the code the plan was "
-                "made with (hash differs); run the worker image that matches the operator's"
-            )
-        task = matches[0]
-    if task.hash != planned.hash:
-        raise DeterministicError(f"task {planned.name}: the stored code does not match the plan's hash")
-    return task
+            raise DeterministicError(f"the plan's task chunk {store.url_for(key)} is missing") from None
+        for offset, planned in enumerate(chunk.tasks):
+            found[chunk.start + offset] = planned.task()
+    missing = [p for p in positions if p not in found]
+    if missing:
+        raise DeterministicError(f"the plan's chunks lack task positions {missing[:10]}")
+    return [found[p] for p in positions]
 
 
 def policy_spec_text(spec: PolicySpec, scratch: Path, store: Store) -> str:
@@ -231,17 +227,16 @@ class Worker:
         self.role = role
         self.device = device
 
-    def run(self, planned: Sequence[PlannedTask]) -> None:
-        todo = [
-            p
-            for p in planned
-            if not self.store.exists(outcome_key(self.plan.prefix, self.role, self.gpu_class, p.hash))
+    def run(self, planned: Sequence[Task]) -> None:
+        tasks = [
+            task
+            for task in planned
+            if not self.store.exists(outcome_key(self.plan.prefix, self.role, self.gpu_class, task.hash))
         ]
-        if len(todo) < len(planned):
-            log.info("%d task(s) already done; resuming with %d", len(planned) - len(todo), len(todo))
-        if not todo:
+        if len(tasks) < len(planned):
+            log.info("%d task(s) already done; resuming with %d", len(planned) - len(tasks), len(tasks))
+        if not tasks:
             return
-        tasks = [resolve_task(self.store, p) for p in todo]
         with (
             tempfile.TemporaryDirectory(prefix="kernelfleet-worker-") as scratch,
             self._evaluator() as evaluator,
@@ -429,6 +424,7 @@ class Worker:
             best_speedup=result.speedup if correct else None,
             verified=correct,
             source_class=best.gpu_class,
+            source_speedup=best.best_speedup,
             variant_hash=best.variant_hash,
         )
 
