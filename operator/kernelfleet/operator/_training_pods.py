@@ -121,12 +121,10 @@ def stage_job(
         gpu_resource=gpu_class.gpu_resource,
         gpus=spec.gpus,
         store_secret=bool(settings.store_secret),
+        env_from_secrets=[(TOKEN_ENV, secret, TOKEN_KEY)]
+        if (secret := token_secret(spec, stage, owner))
+        else [],
     )
-    secret = token_secret(spec, stage, owner)
-    if secret:
-        trainer["env"].append(
-            {"name": TOKEN_ENV, "valueFrom": {"secretKeyRef": {"name": secret, "key": TOKEN_KEY}}}
-        )
     pod = pod_spec(
         [trainer],
         settings=settings,

@@ -31,9 +31,10 @@ from kernelfleet.core.resources import GROUP, VERSION, TrainingRunSpec, Training
 from kernelfleet.core.store import ObjectConflict, Store
 from kernelfleet.core.training import TrainingLayout, read_run_record, run_record
 from kernelfleet.operator import _conditions as cond
-from kernelfleet.operator._app import REGISTRY, Runtime, runtime
+from kernelfleet.operator._app import Runtime, runtime
 from kernelfleet.operator._jobs import LABEL_OWNER_UID, LABEL_ROLE
 from kernelfleet.operator._kube import ApiError, core_path, custom_path, jobs_path
+from kernelfleet.operator._settings import OperatorSettings
 from kernelfleet.operator._status import status_diff
 from kernelfleet.operator._training_plan import (
     JobView,
@@ -220,8 +221,9 @@ async def _act(
             )
 
 
-async def reconcile(body: Mapping[str, Any], rt: Runtime) -> dict[str, Any]:
-    """One pass over one TrainingRun; returns the status it should have."""
+async def reconcile(body: Mapping[str, Any], rt: Runtime, memo: Any) -> dict[str, Any]:
+    """One pass over one TrainingRun; returns the status it should have. `memo` is kopf's memo
+    of this resource (it keeps what the store said about the recorded spec)."""
     metadata = body["metadata"]
     namespace, name, uid = metadata["namespace"], metadata["name"], metadata["uid"]
     generation = int(metadata.get("generation") or 0)
@@ -244,7 +246,13 @@ async def reconcile(body: Mapping[str, Any], rt: Runtime) -> dict[str, Any]:
     prefix = run.prefix
     layout = TrainingLayout(prefix)
     wanted = resolved_spec(spec, run)
-    recorded, same = await asyncio.to_thread(_record, store, layout, name, wanted)
+    # The record never changes once written: ask the store again only when the spec did.
+    cached = getattr(memo, "training_record", None)
+    if cached is not None and cached[0] == wanted:
+        recorded, same = cached[1], cached[2]
+    else:
+        recorded, same = await asyncio.to_thread(_record, store, layout, name, wanted)
+        memo.training_record = (wanted, recorded, same)
     if same:
         accepted = cond.Condition(
             cond.ACCEPTED, cond.TRUE, "Recorded", f"spec recorded at {store.url_for(layout.spec)}"
@@ -308,11 +316,11 @@ async def _patch_status(rt: Runtime, body: kopf.Body, status: dict[str, Any]) ->
 TERMINAL = (Phase.SUCCEEDED.value, Phase.FAILED.value)
 
 
-async def _pass(body: kopf.Body, rt: Runtime, logger: Any) -> None:
+async def _pass(body: kopf.Body, rt: Runtime, memo: Any, logger: Any) -> None:
     """One reconcile and status patch; an error becomes the `ReconcileError` condition."""
     rt.metrics.inc("reconciles_total", kind=KIND)
     try:
-        status = await reconcile(body, rt)
+        status = await reconcile(body, rt, memo)
     except (ApiError, StoreError, OSError) as error:
         reason = "ApiError" if isinstance(error, ApiError) else "StoreError"
         rt.metrics.inc("errors_total", kind=KIND, reason=reason)
@@ -329,21 +337,26 @@ def _error_status(body: Mapping[str, Any], reason: str, message: str) -> dict[st
     return {**old, "conditions": conditions}
 
 
-@kopf.daemon(GROUP, VERSION, PLURAL, registry=REGISTRY, cancellation_timeout=10.0)
 async def follow(body: kopf.Body, memo: Any, stopped: kopf.DaemonStopped, logger: Any, **_: Any) -> None:
     """Reconcile the run every `status_interval_s` until it ends (or is deleted).
 
-    kopf keeps `body` current from its watch, so a changed `suspend` is seen at the next pass.
-    A finished run is not reconciled again: nothing of it can change any more.
+    A daemon rather than a timer: kopf keeps its `body` current from the watch, so a changed
+    `suspend` is seen at the next pass, and one run's slow store never delays another's. A
+    finished run is not reconciled again: nothing of it can change any more.
     """
     rt = runtime(memo)
     while not stopped:
         if (body.get("status") or {}).get("phase") not in TERMINAL:
-            await _pass(body, rt, logger)
+            await _pass(body, rt, memo, logger)
         await stopped.wait(rt.settings.status_interval_s)
 
 
-@kopf.on.delete(GROUP, VERSION, PLURAL, optional=True, registry=REGISTRY)
-async def deleted(body: kopf.Body, memo: Any, **_: Any) -> None:
+async def forget(body: kopf.Body, memo: Any, **_: Any) -> None:
     """Nothing to clean up by hand: everything the run made is owned by it (garbage collection)."""
     runtime(memo).limiter.forget(body["metadata"]["uid"])
+
+
+def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> None:
+    """Add the TrainingRun handlers to the operator's registry (see `_app.register_kinds`)."""
+    kopf.daemon(GROUP, VERSION, PLURAL, registry=registry, id="follow", cancellation_timeout=10.0)(follow)
+    kopf.on.delete(GROUP, VERSION, PLURAL, optional=True, registry=registry, id="forget")(forget)
