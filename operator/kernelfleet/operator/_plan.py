@@ -39,9 +39,15 @@ class SpecError(KernelfleetError):
         self.message = message
 
 
-def _split_store_url(url: str) -> tuple[str, str]:
-    """'s3://bucket/a/b.jsonl' -> ('s3://bucket', 'a/b.jsonl')."""
+def _split_store_url(url: str, is_file: bool) -> tuple[str, str]:
+    """A store and a key in it: 's3://bucket/a/b.jsonl' -> ('s3://bucket', 'a/b.jsonl');
+    a file:// URL's directory is the store itself ('file:///d/x.jsonl' -> ('file:///d', 'x.jsonl'))."""
     scheme, _, rest = url.partition("://")
+    if scheme == "file":
+        if is_file:
+            directory, _, name = rest.rstrip("/").rpartition("/")
+            return f"file://{directory}", name
+        return url.rstrip("/"), ""
     bucket, _, key = rest.partition("/")
     return f"{scheme}://{bucket}", key
 
@@ -104,9 +110,9 @@ def resolve_selection(selection: str, open_store: OpenStore) -> list[Task]:
     if text.startswith("s3://") or text.startswith("file://"):
         match = _JSONL.match(text)
         if match:
-            root, key = _split_store_url(match.group("file"))
+            root, key = _split_store_url(match.group("file"), is_file=True)
             return _tasks_from_jsonl(open_store(root), key, match.group("level"), match.group("ids"), text)
-        root, key = _split_store_url(text)
+        root, key = _split_store_url(text, is_file=False)
         return _tasks_from_prefix(open_store(root), key, text)
     raise UsageError(
         "the operator reads KernelBench selections (kernelbench-v0:1:1-20) and store URLs "

@@ -48,11 +48,13 @@ from kernelfleet.core.models import EvaluationResult, Task, TaskSummary, Verdict
 from kernelfleet.core.resources import PolicyKind, PolicySpec
 from kernelfleet.core.store import NotFound, ObjectConflict, Store, StoreUnavailable, open_store
 from kernelfleet.search._layout import RunLayout, task_object
-from kernelfleet.search._loop import Budget, optimize
+from kernelfleet.search._loop import optimize
 from kernelfleet.search.policies._base import Policy
 from kernelfleet.search.policies._specs import PolicyOptions, make_policy
 
 log = logging.getLogger("kernelfleet.worker")
+# The worker's lines are what `kernelfleet logs` shows: kept whatever the root logger's level.
+log.setLevel(logging.INFO)
 
 
 class DeterministicError(KernelfleetError):
@@ -219,13 +221,24 @@ class Worker:
     """Runs the tasks of one slice; see the module docstring."""
 
     def __init__(
-        self, store: Store, plan: JobPlan, gpu_class: str, role: Role, device: str | None = None
+        self,
+        store: Store,
+        plan: JobPlan,
+        gpu_class: str,
+        role: Role,
+        device: str | None = None,
+        *,
+        evaluator: object | None = None,
+        policies: Sequence[Policy] | None = None,
     ) -> None:
+        """`evaluator` and `policies` replace the ones the plan describes (tests pass scripted ones)."""
         self.store = store
         self.plan = plan
         self.gpu_class = gpu_class
         self.role = role
         self.device = device
+        self._given_evaluator = evaluator
+        self._given_policies = list(policies) if policies is not None else None
 
     def run(self, planned: Sequence[Task]) -> None:
         tasks = [
@@ -261,21 +274,23 @@ class Worker:
 
     @contextlib.contextmanager
     def _evaluator(self) -> Iterator[object]:
+        if self._given_evaluator is not None:
+            yield self._given_evaluator
+            return
         from kernelfleet.evaluator import BASELINE_MODES, EvalConfig, Evaluator
 
         device = self.device or _default_device()
-        evaluation = self.plan.spec.evaluation
         config = EvalConfig(
+            **self.plan.spec.evaluation.model_dump(),
             device=device,
-            profile=evaluation.profile.value,
-            correctness_trials=evaluation.correctness_trials,
-            timing_trials=evaluation.timing_trials,
             baseline_modes=BASELINE_MODES if device != "cpu" else ("eager", "compile"),
         )
         with Evaluator(config) as evaluator:
             yield evaluator
 
     def _policies(self, scratch: Path) -> list[Policy]:
+        if self._given_policies is not None:
+            return self._given_policies
         policies = []
         for spec in self.plan.spec.policies:
             options = PolicyOptions(temperature=spec.temperature, concurrency=spec.concurrency)
@@ -311,7 +326,6 @@ class Worker:
     def _search(self, task: Task, evaluator: object, policies: list[Policy]) -> TaskOutcome:
         from kernelfleet.search.cli import evaluator_environment
 
-        budget = self.plan.spec.budget
         try:
             (summary,) = optimize(
                 [task],
@@ -320,13 +334,7 @@ class Worker:
                 prefix=self.plan.prefix,
                 evaluator=evaluator,  # type: ignore[arg-type]
                 environment=evaluator_environment(evaluator),
-                budget=Budget(
-                    rounds=budget.rounds,
-                    samples_per_round=budget.samples_per_round,
-                    wall_time_s=budget.wall_time_seconds,
-                    gpu_seconds=budget.gpu_seconds,
-                    target_speedup=budget.target_speedup,
-                ),
+                budget=self.plan.spec.budget,
                 progress=_Progress(),
             )
         except (StoreUnavailable, StoreError):
