@@ -27,7 +27,14 @@ import kopf
 from pydantic import ValidationError
 
 from kernelfleet.core.errors import StoreError
-from kernelfleet.core.resources import GROUP, VERSION, TrainingRunSpec, TrainingRunStatus, TrainingStage
+from kernelfleet.core.resources import (
+    GROUP,
+    VERSION,
+    TrainingRunSpec,
+    TrainingRunStatus,
+    TrainingStage,
+    TrainingStageStatus,
+)
 from kernelfleet.core.store import ObjectConflict, Store
 from kernelfleet.core.training import TrainingLayout, read_run_record, run_record
 from kernelfleet.operator import _conditions as cond
@@ -59,6 +66,7 @@ from kernelfleet.operator._training_pods import (
     stage_job,
 )
 from kernelfleet.operator._training_status import fold_stages, read_stage, stages_to_read
+from kernelfleet.operator.optimizationjob import _missing_classes
 
 log = logging.getLogger("kernelfleet.operator.trainingrun")
 
@@ -74,6 +82,7 @@ class InvalidSpec(Exception):
 class Children:
     jobs: dict[str, dict[str, Any]]
     deployments: dict[str, dict[str, Any]]
+    services: dict[str, dict[str, Any]]
 
     def views(self) -> dict[str, JobView]:
         return {stage: job_view(job) for stage, job in self.jobs.items()}
@@ -86,10 +95,11 @@ def _by_stage(items: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 async def _children(rt: Runtime, namespace: str, uid: str) -> Children:
     selector = f"{LABEL_OWNER_UID}={uid},{LABEL_ROLE}="
     jobs = await rt.kube.list_all(jobs_path(namespace), {"labelSelector": selector + ROLE_STAGE})
-    deployments = await rt.kube.list_all(
-        f"/apis/apps/v1/namespaces/{namespace}/deployments", {"labelSelector": selector + ROLE_EVAL}
+    deployments = await rt.kube.list_all(_apps(namespace), {"labelSelector": selector + ROLE_EVAL})
+    services = await rt.kube.list_all(
+        core_path("services", namespace), {"labelSelector": selector + ROLE_EVAL}
     )
-    return Children(_by_stage(jobs), _by_stage(deployments))
+    return Children(_by_stage(jobs), _by_stage(deployments), _by_stage(services))
 
 
 async def _validate(rt: Runtime, spec: TrainingRunSpec, run: RunRef) -> None:
@@ -167,12 +177,6 @@ def _apps(namespace: str, name: str = "") -> str:
     return f"{base}/{name}" if name else base
 
 
-async def _remove_evaluator(rt: Runtime, namespace: str, deployment: Mapping[str, Any]) -> None:
-    name = deployment["metadata"]["name"]
-    await rt.kube.delete(_apps(namespace, name))
-    await rt.kube.delete(core_path("services", namespace, name))
-
-
 async def _act(
     rt: Runtime,
     body: Mapping[str, Any],
@@ -185,21 +189,26 @@ async def _act(
     owner = owner_of(body)
     namespace = owner.namespace
     stage: TrainingStage | None = plan.stage
+    wanted = stage.name if stage is not None and plan.eval_service else None
+    # Only the current stage's evaluator may exist; the others (an earlier stage's, or this
+    # one's once it ended or the run is suspended) go, so that their GPUs are free.
     for name, deployment in children.deployments.items():
-        if stage is None or name != stage.name or not plan.eval_service:
-            await _remove_evaluator(rt, namespace, deployment)
+        if name != wanted:
+            await rt.kube.delete(_apps(namespace, deployment["metadata"]["name"]))
+    for name, service in children.services.items():
+        if name != wanted:
+            await rt.kube.delete(core_path("services", namespace, service["metadata"]["name"]))
     if stage is None:
         return
-    if plan.eval_service and stage.name not in children.deployments:
+    if wanted is not None:
         if not (stage.reward is not None and stage.reward.token_secret):
             await _ensure(rt, core_path("secrets", namespace), eval_token(stage, owner))
-        reward_class = rt.settings.pools[reward_gpu_class(spec)]
-        await _ensure(rt, core_path("services", namespace), eval_service(stage, owner))
-        await _ensure(
-            rt,
-            _apps(namespace),
-            eval_deployment(spec, stage, owner, gpu_class=reward_class, settings=rt.settings),
-        )
+        if wanted not in children.services:
+            await _ensure(rt, core_path("services", namespace), eval_service(stage, owner))
+        if wanted not in children.deployments:
+            reward_class = rt.settings.pools[reward_gpu_class(spec)]
+            manifest = eval_deployment(spec, stage, owner, gpu_class=reward_class, settings=rt.settings)
+            await _ensure(rt, _apps(namespace), manifest)
     job = children.jobs.get(stage.name)
     if plan.create_job and job is None:
         manifest = stage_job(
@@ -273,7 +282,7 @@ async def reconcile(body: Mapping[str, Any], rt: Runtime, memo: Any) -> dict[str
     plan = plan_run(recorded, run, views, service_ready=ready, suspend=spec.suspend)
     await _act(rt, body, recorded, plan, children, prefix, store_url)
 
-    previous = TrainingRunStatus.model_validate(old_status).stages if old_status else []
+    previous = _previous_stages(old_status)
     names = stages_to_read(recorded, views, previous)
     records, report = await asyncio.to_thread(_store_work, store, layout, names)
     folded = fold_stages(recorded, plan, views, records, previous)
@@ -286,11 +295,32 @@ async def reconcile(body: Mapping[str, Any], rt: Runtime, memo: Any) -> dict[str
         stages=folded.stages,
         report=report,
     ).model_dump(mode="json", by_alias=True)
+    classes = [recorded.gpu_class]
+    if any(runs_own_evaluator(recorded, stage, run) for stage in recorded.stages):
+        classes.append(reward_gpu_class(recorded))
+    missing = await _missing_classes(rt, sorted(set(classes)))
+    updates = _conditions(plan, accepted)
+    if missing:
+        text = "; ".join(
+            f"no node offers GPU class {c} (looked for {labels})" for c, labels in sorted(missing.items())
+        )
+        updates.append(cond.Condition(cond.GPU_CLASS_UNAVAILABLE, cond.TRUE, "NoMatchingNodes", text))
+    else:
+        updates.append(cond.Condition(cond.GPU_CLASS_UNAVAILABLE, cond.FALSE, "NodesFound", ""))
     conditions = cond.remove_condition(conditions, cond.RECONCILE_ERROR)
-    status["conditions"] = cond.set_conditions(
-        conditions, _conditions(plan, accepted), observed_generation=generation
-    )
+    status["conditions"] = cond.set_conditions(conditions, updates, observed_generation=generation)
     return status
+
+
+def _previous_stages(status: Mapping[str, Any]) -> list[TrainingStageStatus]:
+    """The stages as the resource's status holds them (an unreadable entry is read again)."""
+    stages = []
+    for entry in status.get("stages") or []:
+        try:
+            stages.append(TrainingStageStatus.model_validate(entry))
+        except ValidationError:
+            continue
+    return stages
 
 
 async def _patch_status(rt: Runtime, body: kopf.Body, status: dict[str, Any]) -> None:
@@ -303,10 +333,16 @@ async def _patch_status(rt: Runtime, body: kopf.Body, status: dict[str, Any]) ->
     if not rt.limiter.allow(metadata["uid"], urgent=urgent):
         return
     for changed in cond.transitions(current.get("conditions") or [], status.get("conditions") or []):
-        if changed.get("status") == cond.TRUE:
-            kind = "Warning" if changed.get("type") == cond.FAILED else "Normal"
+        kind, value = changed.get("type"), changed.get("status")
+        warning = (value == cond.TRUE and kind in _WARNINGS) or (
+            kind == cond.ACCEPTED and value == cond.FALSE
+        )
+        if value == cond.TRUE or warning:
             kopf.event(
-                body, type=kind, reason=str(changed.get("reason")), message=str(changed.get("message"))
+                body,
+                type="Warning" if warning else "Normal",
+                reason=str(changed.get("reason") or kind),
+                message=str(changed.get("message") or ""),
             )
     path = custom_path(GROUP, VERSION, PLURAL, metadata["namespace"], metadata["name"], "status")
     await rt.kube.patch(path, {"status": diff})
@@ -314,6 +350,7 @@ async def _patch_status(rt: Runtime, body: kopf.Body, status: dict[str, Any]) ->
 
 
 TERMINAL = (Phase.SUCCEEDED.value, Phase.FAILED.value)
+_WARNINGS = frozenset({cond.FAILED, cond.GPU_CLASS_UNAVAILABLE, cond.RECONCILE_ERROR})
 
 
 async def _pass(body: kopf.Body, rt: Runtime, memo: Any, logger: Any) -> None:
