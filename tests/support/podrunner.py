@@ -1,0 +1,435 @@
+"""A kubelet for worker pods, without containers: it runs each pod's command as a local process.
+
+There is no container runtime on a test machine, and kwok only pretends pods ran. To test the
+whole path (an OptimizationJob -> Indexed Jobs -> pods -> `kernelfleet worker` -> the store ->
+status), `PodRunner` plays the kubelet of one or more nodes of its own:
+
+- it registers each node (labels, taints and GPU capacity as given) and keeps it Ready, with
+  node status heartbeats and a Lease, as a kubelet does, so the node lifecycle controller
+  leaves it alone;
+- for every pod the scheduler binds to one of its nodes it starts the pod's first container's
+  command on this machine (`kernelfleet ...` runs this Python's CLI) with the container's
+  environment: values, Secret references, and the downward API's fields and annotations
+  (JOB_COMPLETION_INDEX comes that way). Volume mounts become directories of the runner's
+  (emptyDir empty, Secret volumes filled from the Secret), and environment values that point
+  into a mount point into its directory instead;
+- it reports the pod Running, then Succeeded or Failed with the container's exit code (the
+  Jobs' pod failure policy reads it), and it kills the process when the pod is deleted.
+
+Nothing here is pytest-specific, so a development cluster can use it too. Only nodes named
+here are touched: kwok's nodes and their pods are not.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("kernelfleet.podrunner")
+
+HEARTBEAT_S = 5.0
+POLL_S = 0.5
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _now_micro() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+@dataclass(frozen=True)
+class RunnerNode:
+    """A node the runner plays the kubelet of."""
+
+    name: str
+    labels: Mapping[str, str]
+    gpus: int = 8
+    gpu_resource: str = "nvidia.com/gpu"
+    taints: Sequence[Mapping[str, str]] = (
+        {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"},
+    )
+
+    def manifest(self) -> dict[str, Any]:
+        capacity = {"cpu": "16", "memory": "64Gi", "pods": "110", self.gpu_resource: str(self.gpus)}
+        return {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": self.name,
+                "labels": {
+                    "kubernetes.io/hostname": self.name,
+                    "kubernetes.io/os": "linux",
+                    "kubernetes.io/arch": "amd64",
+                    **self.labels,
+                },
+            },
+            "spec": {"taints": [dict(t) for t in self.taints]},
+            "status": {
+                "capacity": capacity,
+                "allocatable": capacity,
+                "conditions": [_ready_condition()],
+                "nodeInfo": _node_info(),
+            },
+        }
+
+
+def _ready_condition() -> dict[str, str]:
+    now = _now()
+    return {
+        "type": "Ready",
+        "status": "True",
+        "reason": "KubeletReady",
+        "message": "kernelfleet pod runner is ready",
+        "lastHeartbeatTime": now,
+        "lastTransitionTime": now,
+    }
+
+
+def _node_info() -> dict[str, str]:
+    return {
+        "architecture": "amd64",
+        "operatingSystem": "linux",
+        "kubeletVersion": "v1.37.0-podrunner",
+        "containerRuntimeVersion": "podrunner://1",
+        "kernelVersion": "",
+        "osImage": "",
+        "machineID": "",
+        "systemUUID": "",
+        "bootID": "",
+        "kubeProxyVersion": "",
+    }
+
+
+@dataclass
+class _Running:
+    pod_name: str
+    namespace: str
+    uid: str
+    process: subprocess.Popen[bytes]
+    workdir: Path
+    log_path: Path
+    deleting: bool = False
+
+
+@dataclass
+class PodRunner:
+    """Runs the pods bound to `nodes`; see the module docstring. Use as a context manager."""
+
+    api_client: Any
+    nodes: Sequence[RunnerNode]
+    workdir: Path
+    env: Mapping[str, str] = field(default_factory=dict)
+    python: str = sys.executable
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _threads: list[threading.Thread] = field(default_factory=list)
+    _running: dict[str, _Running] = field(default_factory=dict)
+    _done: set[str] = field(default_factory=set)
+    exit_codes: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        from kubernetes import client
+
+        self.core = client.CoreV1Api(self.api_client)
+        self.coordination = client.CoordinationV1Api(self.api_client)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> PodRunner:
+        from kubernetes.client.exceptions import ApiException
+
+        for node in self.nodes:
+            try:
+                self.core.create_node(node.manifest())
+            except ApiException as error:
+                if error.status != 409:
+                    raise
+        self._heartbeat()
+        for target in (self._heartbeats, self._loop):
+            thread = threading.Thread(target=target, name=f"podrunner-{target.__name__}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=30)
+        for running in list(self._running.values()):
+            self._kill(running)
+
+    def __enter__(self) -> PodRunner:
+        return self.start()
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------ the node
+
+    def _heartbeats(self) -> None:
+        while not self._stop.wait(HEARTBEAT_S):
+            try:
+                self._heartbeat()
+            except Exception as error:  # a missed heartbeat is retried; the grace period is long
+                log.warning("node heartbeat failed: %s", error)
+
+    def _heartbeat(self) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        for node in self.nodes:
+            self.core.patch_node_status(node.name, {"status": {"conditions": [_ready_condition()]}})
+            lease = {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {"name": node.name, "namespace": "kube-node-lease"},
+                "spec": {"holderIdentity": node.name, "leaseDurationSeconds": 40, "renewTime": _now_micro()},
+            }
+            try:
+                self.coordination.replace_namespaced_lease(node.name, "kube-node-lease", lease)
+            except ApiException as error:
+                if error.status != 404:
+                    raise
+                self.coordination.create_namespaced_lease("kube-node-lease", lease)
+
+    # ------------------------------------------------------------------ pods
+
+    def _loop(self) -> None:
+        names = {node.name for node in self.nodes}
+        while not self._stop.is_set():
+            try:
+                pods = self.core.list_pod_for_all_namespaces().items
+                for pod in pods:
+                    if pod.spec.node_name in names:
+                        self._handle(pod)
+                self._reap()
+            except Exception as error:
+                log.warning("pod runner pass failed: %s", error)
+            self._stop.wait(POLL_S)
+
+    def _handle(self, pod: Any) -> None:
+        uid = pod.metadata.uid
+        running = self._running.get(uid)
+        if pod.metadata.deletion_timestamp is not None:
+            if running is not None:
+                running.deleting = True
+                self._kill(running)
+            elif uid not in self._done:
+                self._finalize_deleted(pod)
+            return
+        if running is not None or uid in self._done or pod.status.phase in ("Succeeded", "Failed"):
+            return
+        self._launch(pod)
+
+    def _launch(self, pod: Any) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        container = pod.spec.containers[0]
+        workdir = self.workdir / f"{pod.metadata.namespace}-{pod.metadata.name}"
+        mounts = self._mounts(pod, container, workdir)
+        env = {**os.environ, **self.env}
+        for variable in container.env or []:
+            value = self._env_value(pod, variable)
+            if value is not None:
+                env[variable.name] = _remap(value, mounts)
+        argv = list(container.command or []) + list(container.args or [])
+        if argv and argv[0] == "kernelfleet":
+            argv = [self.python, "-m", "kernelfleet.core.cli", *argv[1:]]
+        argv = [_remap(arg, mounts) for arg in argv]
+        log_path = workdir / "container.log"
+        with open(log_path, "ab") as output:
+            process = subprocess.Popen(
+                argv, env=env, cwd=workdir, stdout=output, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        self._running[pod.metadata.uid] = _Running(
+            pod.metadata.name, pod.metadata.namespace, pod.metadata.uid, process, workdir, log_path
+        )
+        now = _now()
+        status = {
+            "phase": "Running",
+            "startTime": now,
+            "podIP": "10.244.0.10",
+            "hostIP": "10.0.0.10",
+            "conditions": [
+                {"type": "Initialized", "status": "True", "lastTransitionTime": now},
+                {"type": "Ready", "status": "True", "lastTransitionTime": now},
+                {"type": "ContainersReady", "status": "True", "lastTransitionTime": now},
+                {"type": "PodScheduled", "status": "True", "lastTransitionTime": now},
+            ],
+            "containerStatuses": [
+                {
+                    "name": container.name,
+                    "image": container.image,
+                    "imageID": "",
+                    "ready": True,
+                    "restartCount": 0,
+                    "started": True,
+                    "state": {"running": {"startedAt": now}},
+                }
+            ],
+        }
+        try:
+            self.core.patch_namespaced_pod_status(
+                pod.metadata.name, pod.metadata.namespace, {"status": status}
+            )
+        except ApiException as error:
+            log.warning("could not report pod %s running: %s", pod.metadata.name, error)
+
+    def _reap(self) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        for uid, running in list(self._running.items()):
+            code = running.process.poll()
+            if code is None:
+                continue
+            del self._running[uid]
+            self._done.add(uid)
+            self.exit_codes[running.pod_name] = code
+            try:
+                if running.deleting:
+                    self.core.delete_namespaced_pod(
+                        running.pod_name, running.namespace, grace_period_seconds=0
+                    )
+                    continue
+                pod = self.core.read_namespaced_pod(running.pod_name, running.namespace)
+                container = pod.spec.containers[0]
+                now = _now()
+                tail = (
+                    running.log_path.read_text(errors="replace")[-2000:] if running.log_path.exists() else ""
+                )
+                status = {
+                    "phase": "Succeeded" if code == 0 else "Failed",
+                    "conditions": [
+                        {
+                            "type": "Ready",
+                            "status": "False",
+                            "reason": "PodCompleted",
+                            "lastTransitionTime": now,
+                        },
+                        {
+                            "type": "ContainersReady",
+                            "status": "False",
+                            "reason": "PodCompleted",
+                            "lastTransitionTime": now,
+                        },
+                    ],
+                    "containerStatuses": [
+                        {
+                            "name": container.name,
+                            "image": container.image,
+                            "imageID": "",
+                            "ready": False,
+                            "restartCount": 0,
+                            "started": False,
+                            "state": {
+                                "terminated": {
+                                    "exitCode": code,
+                                    "reason": "Completed" if code == 0 else "Error",
+                                    "message": tail,
+                                    "startedAt": now,
+                                    "finishedAt": now,
+                                }
+                            },
+                        }
+                    ],
+                }
+                self.core.patch_namespaced_pod_status(running.pod_name, running.namespace, {"status": status})
+            except ApiException as error:
+                if error.status != 404:
+                    log.warning("could not report pod %s finished: %s", running.pod_name, error)
+
+    def _finalize_deleted(self, pod: Any) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        self._done.add(pod.metadata.uid)
+        try:
+            self.core.delete_namespaced_pod(pod.metadata.name, pod.metadata.namespace, grace_period_seconds=0)
+        except ApiException as error:
+            if error.status != 404:
+                raise
+
+    @staticmethod
+    def _kill(running: _Running) -> None:
+        if running.process.poll() is None:
+            os.killpg(running.process.pid, signal.SIGKILL)
+            running.process.wait(timeout=30)
+
+    # ------------------------------------------------------------------ environment and volumes
+
+    def _env_value(self, pod: Any, variable: Any) -> str | None:
+        if variable.value_from is None:
+            return str(variable.value) if variable.value is not None else ""
+        source = variable.value_from
+        if source.secret_key_ref is not None:
+            ref = source.secret_key_ref
+            secret = self.core.read_namespaced_secret(ref.name, pod.metadata.namespace)
+            raw = (secret.data or {}).get(ref.key)
+            return base64.b64decode(raw).decode() if raw is not None else None
+        if source.field_ref is not None:
+            return _field(pod, source.field_ref.field_path)
+        return None
+
+    def _mounts(self, pod: Any, container: Any, workdir: Path) -> dict[str, Path]:
+        """Each mount point of the container -> a local directory with the volume's content."""
+        volumes = {v.name: v for v in pod.spec.volumes or []}
+        mounts: dict[str, Path] = {}
+        for mount in container.volume_mounts or []:
+            local = workdir / "volumes" / mount.name
+            if local.exists():
+                shutil.rmtree(local)
+            local.mkdir(parents=True)
+            volume = volumes.get(mount.name)
+            if volume is not None and volume.secret is not None:
+                secret = self.core.read_namespaced_secret(volume.secret.secret_name, pod.metadata.namespace)
+                data = secret.data or {}
+                items = volume.secret.items or [type("Item", (), {"key": k, "path": k}) for k in data]
+                for item in items:
+                    if item.key in data:
+                        (local / item.path).write_bytes(base64.b64decode(data[item.key]))
+            mounts[mount.mount_path] = local
+        return mounts
+
+
+def _remap(value: str, mounts: Mapping[str, Path]) -> str:
+    """A path inside a mount point, as the local directory that stands for it."""
+    for mount_path in sorted(mounts, key=len, reverse=True):
+        if value == mount_path or value.startswith(mount_path.rstrip("/") + "/"):
+            return str(mounts[mount_path]) + value[len(mount_path.rstrip("/")) :]
+    return value
+
+
+def _field(pod: Any, path: str) -> str | None:
+    """The downward API: metadata.name/namespace/uid, and metadata.annotations['...'] / labels."""
+    meta = pod.metadata
+    simple = {"metadata.name": meta.name, "metadata.namespace": meta.namespace, "metadata.uid": meta.uid,
+              "spec.nodeName": pod.spec.node_name}  # fmt: skip
+    if path in simple:
+        return str(simple[path])
+    for prefix, values in (("metadata.annotations", meta.annotations), ("metadata.labels", meta.labels)):
+        if path.startswith(prefix + "['") and path.endswith("']"):
+            return (values or {}).get(path[len(prefix) + 2 : -2])
+    return None
+
+
+def wait_until(what: str, check: Any, timeout: float, interval: float = 0.5) -> Any:
+    """The first truthy value of `check()` within `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(interval)
+    raise TimeoutError(f"timed out waiting for {what}")
