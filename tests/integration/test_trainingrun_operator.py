@@ -96,35 +96,33 @@ def services(kube: Any) -> list[str]:
 def finish_job(kube: Any, name: str, outcome: str = "Complete") -> None:
     """What the Job controller writes when the Job's pod succeeded (or its retries ran out)."""
     now = "2026-01-01T00:00:00Z"
+
+    def condition(type_: str, reason: str, message: str = "") -> dict[str, str]:
+        return {
+            "type": type_,
+            "status": "True",
+            "reason": reason,
+            "message": message,
+            "lastProbeTime": now,
+            "lastTransitionTime": now,
+        }
+
+    status: dict[str, Any] = {"startTime": now, "active": 0, "ready": 0}
     if outcome == "Complete":
-        body = {
-            "status": {
-                "startTime": now,
-                "completionTime": now,
-                "succeeded": 1,
-                "conditions": [
-                    {"type": "SuccessCriteriaMet", "status": "True", "reason": "CompletionsReached"},
-                    {"type": "Complete", "status": "True", "reason": "CompletionsReached"},
-                ],
-            }
-        }
+        status["completionTime"] = now
+        status["succeeded"] = 1
+        status["conditions"] = [
+            condition("SuccessCriteriaMet", "CompletionsReached"),
+            condition("Complete", "CompletionsReached"),
+        ]
     else:
-        body = {
-            "status": {
-                "startTime": now,
-                "failed": 4,
-                "conditions": [
-                    {"type": "FailureTarget", "status": "True", "reason": "BackoffLimitExceeded"},
-                    {
-                        "type": "Failed",
-                        "status": "True",
-                        "reason": "BackoffLimitExceeded",
-                        "message": "Job has reached the specified backoff limit",
-                    },
-                ],
-            }
-        }
-    kube.batch.patch_namespaced_job_status(name, kube.namespace, body)
+        status["failed"] = 4
+        message = "Job has reached the specified backoff limit"
+        status["conditions"] = [
+            condition("FailureTarget", "BackoffLimitExceeded", message),
+            condition("Failed", "BackoffLimitExceeded", message),
+        ]
+    kube.batch.patch_namespaced_job_status(name, kube.namespace, {"status": status})
 
 
 def run_job(kube: Any, name: str) -> None:
