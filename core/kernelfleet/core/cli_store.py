@@ -12,8 +12,8 @@ import argparse
 import sys
 
 from kernelfleet.core.config import RetrySettings, StoreConfig
-from kernelfleet.core.errors import StoreError
-from kernelfleet.core.store import open_store
+from kernelfleet.core.errors import UsageError
+from kernelfleet.core.store import LocalStore, open_store
 
 _CHECK_RETRY = RetrySettings(attempts=3, initial_backoff_s=0.5, max_backoff_s=2.0, deadline_s=15.0)
 
@@ -67,10 +67,14 @@ def run_check(args: argparse.Namespace) -> int:
 
 def run_ls(args: argparse.Namespace) -> int:
     store = open_store(args.url)
-    try:
-        for key in store.list(args.prefix):
-            print(key)
-    except StoreError as error:
-        print(f"kernelfleet store ls: {error}", file=sys.stderr)
-        return 1
+    if isinstance(store, LocalStore) and not store.root.exists():
+        # Listing a missing directory finds nothing, which reads as "empty": say what it is.
+        raise UsageError(f"no store at {store.root}: the directory does not exist; check the path")
+    count = 0
+    for key in store.list(args.prefix):
+        print(key)
+        count += 1
+    if count == 0:
+        where = f"under {args.prefix!r} " if args.prefix else ""
+        print(f"no objects {where}in {store.url}", file=sys.stderr)
     return 0

@@ -8,11 +8,10 @@ version), so the same code is never evaluated twice on the same hardware.
 from __future__ import annotations
 
 import enum
-from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
-from kernelfleet.core.hashing import normalize_source, source_hash
+from kernelfleet.core.hashing import source_hash
 
 
 class Frozen(BaseModel):
@@ -34,24 +33,6 @@ class Task(Frozen):
     @property
     def hash(self) -> str:
         return source_hash(self.code)
-
-
-class Variant(Frozen):
-    """One candidate implementation of a task: a module defining `ModelNew`."""
-
-    code: str
-    policy: str = Field(default="", description="Which policy wrote it ('compile', 'replay', 'openai', ...).")
-    parent_hashes: tuple[str, ...] = Field(default=(), description="Exemplars shown in its prompt.")
-    note: str = Field(default="", description="The policy's own analysis, kept for the report.")
-
-    @computed_field  # type: ignore[prop-decorator]
-    @property
-    def hash(self) -> str:
-        return source_hash(self.code)
-
-    @property
-    def normalized_code(self) -> str:
-        return normalize_source(self.code)
 
 
 class Verdict(enum.StrEnum):
@@ -143,9 +124,6 @@ class ResultKey(Frozen):
         """The key's place in the store, relative to a run's root."""
         task, variant = self.task_hash[:16], self.variant_hash
         return f"results/{task}/{self.gpu_class}/{self.evaluator_version}/{variant}.json"
-
-
-PositiveInt = Annotated[int, Field(gt=0)]
 
 
 class TaskSummary(Frozen):

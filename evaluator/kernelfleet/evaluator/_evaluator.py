@@ -39,7 +39,7 @@ from tqdm import tqdm
 from kernelfleet.core import reasons as R
 from kernelfleet.core.errors import EvaluationCancelled, UsageError
 from kernelfleet.core.hashing import source_hash
-from kernelfleet.core.models import Environment, EvaluationResult, ResultKey, Task, Timing, Variant, Verdict
+from kernelfleet.core.models import Environment, EvaluationResult, ResultKey, Task, Timing, Verdict
 from kernelfleet.evaluator._cache import ResultCache
 from kernelfleet.evaluator._child import Job
 from kernelfleet.evaluator._config import EvalConfig
@@ -318,26 +318,18 @@ class Evaluator:
         """The environment of the first device (all devices of a batch, when they are alike)."""
         return self._probe_lanes()[0].environment
 
-    def key_for(self, task: Task, code: str | Variant, config: EvalConfig | None = None) -> ResultKey:
+    def key_for(self, task: Task, code: str, config: EvalConfig | None = None) -> ResultKey:
         """The cache key the result of `code` on `task` will have on this evaluator."""
-        text = code.code if isinstance(code, Variant) else code
         return ResultKey(
             task_hash=task.hash,
-            variant_hash=source_hash(text),
+            variant_hash=source_hash(code),
             gpu_class=self.environment.gpu_class,
             evaluator_version=(config or self.config).result_version,
         )
 
-    def with_options(self, **options: Any) -> EvalConfig:
-        """This evaluator's config with some fields changed (per-evaluation options of the
-        service); the device stays the evaluator's."""
-        if "device" in options and options["device"] != self.config.device:
-            raise UsageError(f"the device is the evaluator's ({self.config.device}); leave it out")
-        return self.config.model_copy(update=options) if options else self.config
-
     # -- one evaluation
 
-    def evaluate(self, task: Task, code: str | Variant) -> EvaluationResult:
+    def evaluate(self, task: Task, code: str) -> EvaluationResult:
         """Judge one candidate. When the task's own reference fails, the verdict is
         runtime_error with a `reference-error` reason (and the result is never cached)."""
         return self.evaluate_batch([(task, code)], cache=None, progress=False)[0]
@@ -620,12 +612,12 @@ class Evaluator:
         return lanes
 
     def submit(
-        self, task: Task, code: str | Variant, config: EvalConfig | None = None
+        self, task: Task, code: str, config: EvalConfig | None = None
     ) -> concurrent.futures.Future[EvaluationResult]:
         """Queue one evaluation; the future gives its result, or raises `EvaluationCancelled`
         (cancelled or the evaluator closed) or the evaluator's own failure."""
         lanes = self._start()
-        text = code.code if isinstance(code, Variant) else code
+        text = code
         item = _Item(task, text, config or self.config, concurrent.futures.Future())
         item.future.set_running_or_notify_cancel()
         try:
@@ -728,9 +720,9 @@ class Evaluator:
 
     def evaluate_batch(
         self,
-        items: Sequence[tuple[Task, str | Variant]],
+        items: Sequence[tuple[Task, str]],
         cache: ResultCache | None = None,
-        progress: bool = True,
+        progress: bool = False,
         stop: Callable[[float], bool] | None = None,
     ) -> list[EvaluationResult]:
         """Judge many candidates over all devices of this evaluator; results in input order.
@@ -743,7 +735,7 @@ class Evaluator:
         are not cached, so they run again next time).
         """
         self._start()
-        pairs = [(task, code.code if isinstance(code, Variant) else code) for task, code in items]
+        pairs = list(items)
         keys = [self.key_for(task, code) for task, code in pairs]
         unique: dict[ResultKey, tuple[Task, str]] = {}
         for key, pair in zip(keys, pairs, strict=True):

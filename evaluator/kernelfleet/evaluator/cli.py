@@ -25,7 +25,7 @@ from kernelfleet.core.errors import UsageError
 from kernelfleet.core.models import EvaluationResult, Task
 from kernelfleet.core.options import Flag, ModelOptions
 from kernelfleet.core.settings import EvaluationSettings
-from kernelfleet.core.tasks import missing_task_names
+from kernelfleet.core.tasks import missing_task_names, read_source
 from kernelfleet.evaluator._config import BASELINE_MODES, EvalConfig
 from kernelfleet.evaluator._evaluator import Evaluator
 
@@ -83,6 +83,11 @@ def register(subcommands: argparse._SubParsersAction) -> None:
 
 def _read(path_text: str, what: str) -> str:
     path = Path(path_text)
+    if what != "token":  # Python source: decoded as Python decodes it (PEP 263)
+        try:
+            return read_source(path)
+        except UsageError as error:
+            raise UsageError(f"cannot read the {what} file: {error}") from None
     try:
         return path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:

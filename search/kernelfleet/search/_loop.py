@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import random
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -32,7 +33,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kernelfleet.core.errors import EvaluationCancelled, UsageError
 from kernelfleet.core.models import (
@@ -45,13 +46,15 @@ from kernelfleet.core.models import (
     Verdict,
 )
 from kernelfleet.core.settings import Budget
-from kernelfleet.core.store import NotFound, ObjectConflict, Store
+from kernelfleet.core.store import CorruptObject, NotFound, ObjectConflict, Store
 from kernelfleet.search._database import Entry, VariantDatabase
-from kernelfleet.search._layout import ANSWER_LIMIT, RunLayout, SampleRecord, task_object
+from kernelfleet.search._layout import ANSWER_LIMIT, RunLayout, SampleRecord, read_model, task_object
 from kernelfleet.search._progress import Progress, QuietProgress
 from kernelfleet.search._prompts import Exemplar
 from kernelfleet.search.policies._base import Policy, Proposal, Request
 from kernelfleet.search.policies._compile import COMPILE_DEFAULT
+
+log = logging.getLogger(__name__)
 
 
 class EvaluatorLike(Protocol):
@@ -63,7 +66,7 @@ class EvaluatorLike(Protocol):
         self,
         items: list[tuple[Task, str]],
         cache: Any = None,
-        progress: bool = True,
+        progress: bool = False,
         stop: Callable[[float], bool] | None = None,
     ) -> list[EvaluationResult]: ...
 
@@ -214,7 +217,11 @@ class OptimizationLoop:
                     task, VariantDatabase(task.hash, self.gpu_class, self.settings.bucket_width)
                 )
                 ordered.append(task)
-                self.store.put_json(self.layout.task(task.hash), task_object(task))
+                try:
+                    self.store.put_json(self.layout.task(task.hash), task_object(task))
+                except ObjectConflict as error:
+                    # A damaged copy of this task's object: the task itself is in hand.
+                    self.progress.message(f"{task.name}: {error}; carrying on")
         self._load_results()
         for state in self._states.values():
             summary = self._stored_summary(state)
@@ -270,17 +277,27 @@ class OptimizationLoop:
 
     def _load_results(self) -> None:
         """Every result the run already has for this GPU class and evaluator version."""
-        for result in self.store.list_results(self.layout.prefix):
+        for result in self.store.list_results(self.layout.prefix, on_corrupt=self._corrupt):
             key = result.key
             ours = key.gpu_class == self.gpu_class and key.evaluator_version == self.evaluator_version
             if ours and result.task_hash in self._states and key not in self._known:
                 self._known[key] = result
                 self._gpu_used += result.seconds
 
+    def _corrupt(self, error: CorruptObject) -> None:
+        """A stored object that cannot be read: name it and carry on without it (what it held
+        is measured or asked again, and the new object goes under a new key where needed)."""
+        log.warning("%s", error)
+        self.progress.message(f"skipped: {error}")
+
     def _stored_summary(self, state: _TaskState) -> TaskSummary | None:
         """The newest summary this budget wrote for the task, if any."""
         prefix = self.layout.summary_prefix(state.task.hash, self.gpu_class, self._summary_fingerprint())
-        found = [TaskSummary.model_validate(self.store.get_json(key)) for key in self.store.list(prefix)]
+        found = [
+            summary
+            for key in self.store.list(prefix)
+            if (summary := read_model(self.store, key, TaskSummary, self._corrupt)) is not None
+        ]
         return max(found, key=lambda summary: summary.finished_at) if found else None
 
     def _summary_fingerprint(self) -> str:
@@ -357,7 +374,9 @@ class OptimizationLoop:
         found = {}
         for key in self.store.list(self.layout.samples(state.task.hash, self.gpu_class, round_)):
             if key.endswith(".json"):
-                record = SampleRecord.model_validate(self.store.get_json(key))
+                record = read_model(self.store, key, SampleRecord, self._corrupt)
+                if record is None:
+                    continue
                 found[key] = record
                 state.note(record)
         return found
@@ -389,14 +408,20 @@ class OptimizationLoop:
         try:
             self.store.put_json(key, record)
         except ObjectConflict:
-            # Another worker wrote this sample first: theirs stands.
-            return SampleRecord.model_validate(self.store.get_json(key))
+            # Another worker wrote this sample first: theirs stands (unless it is corrupt:
+            # then ours is used, in memory only).
+            return read_model(self.store, key, SampleRecord, self._corrupt) or record
         return record
 
-    def _code(self, variant_hash: str) -> str:
+    def _code(self, variant_hash: str) -> str | None:
+        """The variant's code; None when its stored copy is corrupt (reported)."""
         code = self._codes.get(variant_hash)
         if code is None:
-            code = self.store.get_variant(variant_hash)
+            try:
+                code = self.store.get_variant(variant_hash)
+            except CorruptObject as error:
+                self._corrupt(error)
+                return None
             self._codes[variant_hash] = code
         return code
 
@@ -425,12 +450,16 @@ class OptimizationLoop:
             self._stop = self._stop or self._budget_stop()
             if self._stop:
                 break
-            chunk = [
-                (state, variant) for state, variant in todo[start : start + size] if not state.task_error
+            # A variant whose stored code is corrupt (reported) cannot be evaluated.
+            coded = [
+                (state, variant, code)
+                for state, variant in todo[start : start + size]
+                if not state.task_error and (code := self._code(variant)) is not None
             ]
+            chunk = [(state, variant) for state, variant, _ in coded]
             if not chunk:
                 continue
-            items = [(state.task, self._code(variant_hash)) for state, variant_hash in chunk]
+            items = [(state.task, code) for state, _, code in coded]
             limited = self.budget.wall_time_seconds is not None or self.budget.gpu_seconds is not None
             try:
                 results: Sequence[EvaluationResult | None] = self.evaluator.evaluate_batch(
@@ -454,10 +483,11 @@ class OptimizationLoop:
             if not record.variant_hash or record.variant_hash in state.db:
                 continue
             known = self._known.get(self._key(state.task.hash, record.variant_hash))
-            if known is None:
+            code = self._code(record.variant_hash) if known is not None else None
+            if known is None or code is None:
                 continue
             entry = Entry(
-                code=self._code(record.variant_hash),
+                code=code,
                 result=known,
                 policy=record.policy,
                 round=record.round,
@@ -556,6 +586,14 @@ class OptimizationLoop:
             return {name: Timing.model_validate(value) for name, value in stored.get("baselines", {}).items()}
         except NotFound:
             pass
+        except (CorruptObject, ValidationError, AttributeError) as error:
+            self._corrupt(
+                error
+                if isinstance(error, CorruptObject)
+                else CorruptObject(
+                    f"object {self.store.url_for(key)} holds no valid baselines ({error})", key
+                )
+            )
         if not measure:
             return {}
         try:
@@ -565,9 +603,11 @@ class OptimizationLoop:
                 f"{state.task.name}: baselines not measured ({error}); will retry on resume"
             )
             return {}
-        self.store.put_json(
-            key, {"baselines": {name: timing.model_dump(mode="json") for name, timing in measured.items()}}
-        )
+        with contextlib.suppress(ObjectConflict):  # a corrupt copy is in the way: keep these in memory
+            self.store.put_json(
+                key,
+                {"baselines": {name: timing.model_dump(mode="json") for name, timing in measured.items()}},
+            )
         return dict(measured)
 
     def _verify(
@@ -582,13 +622,13 @@ class OptimizationLoop:
             key = self.layout.verification(
                 state.task.hash, self.gpu_class, self.evaluator_version, entry.variant_hash
             )
-            try:
-                result = EvaluationResult.model_validate(self.store.get_json(key))
-            except NotFound:
+            result = read_model(self.store, key, EvaluationResult, self._corrupt)
+            if result is None:
                 if not measure:
                     return (ranked[0] if ranked else None), None
                 result = self.evaluator.evaluate(state.task, entry.code)
-                self.store.put_json(key, result)
+                with contextlib.suppress(ObjectConflict):  # only a corrupt copy can be in the way
+                    self.store.put_json(key, result)
                 self._gpu_used += result.seconds
             if result.verdict == Verdict.CORRECT:
                 # Correct again; a re-timing too noisy to give a speedup leaves the search's.

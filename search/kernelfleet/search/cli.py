@@ -20,11 +20,12 @@ from kernelfleet.core.errors import UsageError
 from kernelfleet.core.models import Environment, Task
 from kernelfleet.core.options import Flag, ModelOptions
 from kernelfleet.core.settings import Budget, EvaluationSettings, LocalSettings
-from kernelfleet.core.store import ObjectConflict, Store, open_store
+from kernelfleet.core.store import CorruptObject, ObjectConflict, Store, open_store
 from kernelfleet.search._layout import RUN_ID, RunLayout, RunManifest
 from kernelfleet.search._loop import LoopSettings, optimize
 from kernelfleet.search._progress import LiveProgress, QuietProgress
 from kernelfleet.search._report import (
+    RunReport,
     format_best_code,
     format_table,
     list_runs,
@@ -33,6 +34,7 @@ from kernelfleet.search._report import (
     resolve_run,
 )
 from kernelfleet.search.policies._base import Policy, PolicyError
+from kernelfleet.search.policies._replay import ReplayPolicy
 from kernelfleet.search.policies._specs import SPEC_FORMS, PolicyOptions, make_policy
 
 
@@ -176,6 +178,24 @@ def _load_tasks(selections: list[str]) -> list[Task]:
     return list(tasks.values())
 
 
+def _check_replay_rows(policies: Sequence[Policy], tasks: Sequence[Task]) -> None:
+    """Replay rows must name tasks of the run: a typo would otherwise end in "0 variants",
+    with nothing said."""
+    for policy in policies:
+        if not isinstance(policy, ReplayPolicy):
+            continue
+        stray = sorted({row.task for row in policy.rows if not any(row.matches(task) for task in tasks)})
+        if not stray:
+            continue
+        names = ", ".join(task.name for task in tasks[:10]) + (", ..." if len(tasks) > 10 else "")
+        if len(stray) == len({row.task for row in policy.rows}):
+            raise UsageError(
+                f"no row of the replay file names a task of this run: the rows name {', '.join(stray[:10])}; "
+                f"the tasks are {names}. Check the task names in the file"
+            )
+        _warn(f"replay rows for {', '.join(stray[:10])} name no task of this run (the tasks are {names})")
+
+
 def evaluator_environment(evaluator: Any) -> Environment:
     """The environment the evaluator measures in: its GPU class and version key the results."""
     environment = getattr(evaluator, "environment", None)
@@ -197,10 +217,25 @@ def write_manifest(store: Store, layout: RunLayout, manifest: RunManifest) -> No
     try:
         store.put_json(layout.manifest, manifest)
     except ObjectConflict:
+        try:
+            store.read_model(layout.manifest, RunManifest)
+        except CorruptObject as error:
+            # The run's other objects are intact and keyed by content: carry on without it.
+            _warn(f"{error}; carrying on without it")
+            return
         raise UsageError(
             f"run {manifest.run_id} already exists in {store.url} with other tasks, policies or device; "
             "choose another --run, or leave --run out to get an id derived from the inputs"
         ) from None
+
+
+def _warn(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr)
+
+
+def _warn_skipped(report: RunReport) -> None:
+    for message in report.skipped:
+        _warn(f"left out: {message}")
 
 
 def run_optimize(args: argparse.Namespace) -> int:
@@ -217,6 +252,7 @@ def run_optimize(args: argparse.Namespace) -> int:
         for spec in specs:
             policies.append(make_policy(spec, options))
         tasks = _load_tasks(args.tasks)
+        _check_replay_rows(policies, tasks)
         store = open_store(args.store)
 
         from kernelfleet.evaluator import BASELINE_MODES, EvalConfig, Evaluator
@@ -272,6 +308,7 @@ def run_optimize(args: argparse.Namespace) -> int:
         print(json.dumps([summary.model_dump(mode="json") for summary in summaries], indent=2))
         return 0
     report = load_run(store, layout.prefix, with_code=False)
+    _warn_skipped(report)
     wanted = {task.hash for task in tasks}
     outcomes = [o for o in report.outcomes if o.task.hash in wanted and o.gpu_class == environment.gpu_class]
     print(format_table(outcomes))
@@ -299,6 +336,7 @@ def run_results(args: argparse.Namespace) -> int:
             print(f"no runs in {store.url}; start one with `kernelfleet optimize TASKS`", file=sys.stderr)
         return 0
     report = load_run(store, resolve_run(store, args.run), with_code=args.code or args.json)
+    _warn_skipped(report)
     if args.json:
         rows = []
         for outcome in report.outcomes:
@@ -329,6 +367,7 @@ def run_results(args: argparse.Namespace) -> int:
 def run_report(args: argparse.Namespace) -> int:
     store = open_store(args.store)
     report = load_run(store, resolve_run(store, args.run))
+    _warn_skipped(report)
     slug = "".join(char if char.isalnum() or char in "._-" else "-" for char in report.name)
     output = Path(args.output or f"kernelfleet-report-{slug}.html")
     try:

@@ -23,8 +23,22 @@ import os
 
 from kernelfleet.core.config import StoreConfig
 from kernelfleet.core.errors import StoreError
-from kernelfleet.core.store._base import CheckStep, ObjectInfo, Progress, Store, encode_json, variant_key
-from kernelfleet.core.store._errors import IntegrityError, NotFound, ObjectConflict, StoreUnavailable
+from kernelfleet.core.store._base import (
+    CheckStep,
+    ObjectInfo,
+    OnCorrupt,
+    Progress,
+    Store,
+    encode_json,
+    variant_key,
+)
+from kernelfleet.core.store._errors import (
+    CorruptObject,
+    IntegrityError,
+    NotFound,
+    ObjectConflict,
+    StoreUnavailable,
+)
 from kernelfleet.core.store._keys import check_key, join_key
 from kernelfleet.core.store._local import LocalStore
 from kernelfleet.core.store._manifest import MANIFEST_NAME, DirManifest, ManifestEntry
@@ -34,6 +48,7 @@ from kernelfleet.core.store._urls import StoreURL, parse_store_url
 __all__ = [
     "MANIFEST_NAME",
     "CheckStep",
+    "CorruptObject",
     "DirManifest",
     "IntegrityError",
     "LocalStore",
@@ -41,6 +56,7 @@ __all__ = [
     "NotFound",
     "ObjectConflict",
     "ObjectInfo",
+    "OnCorrupt",
     "Progress",
     "S3Store",
     "Store",

@@ -30,17 +30,20 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from kernelfleet.core.errors import KernelfleetError, StoreError, UsageError
+from kernelfleet.core.errors import KernelfleetError, UsageError
 from kernelfleet.core.hashing import normalize_source, source_hash
 from kernelfleet.core.models import EvaluationResult, ResultKey
-from kernelfleet.core.store._errors import IntegrityError, NotFound, ObjectConflict
+from kernelfleet.core.store._errors import CorruptObject, IntegrityError, NotFound, ObjectConflict
 from kernelfleet.core.store._keys import check_key, join_key
 from kernelfleet.core.store._manifest import MANIFEST_NAME, DirManifest, ManifestEntry
 
-log = logging.getLogger("kernelfleet.store")
+log = logging.getLogger(__name__)
 
 Progress = Callable[[int], None]
 """Receives byte counts as a transfer advances (negative when a retry starts a file again)."""
+
+OnCorrupt = Callable[[CorruptObject], None]
+"""Told of each corrupt object a listing skips; without one, the listing raises."""
 
 VARIANTS_PREFIX = "variants"
 RESULTS_DIR = "results"
@@ -181,26 +184,37 @@ class Store(abc.ABC):
         return self.put_bytes(key, encode_json(obj))
 
     def get_json(self, key: str) -> dict[str, Any]:
+        """The JSON object at `key`; NotFound if none, CorruptObject if it is not a JSON object."""
         data = self.get_bytes(key)
         try:
             value = json.loads(data.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as error:
-            raise StoreError(
+            raise CorruptObject(
                 f"object {self.url_for(key)} is not valid JSON ({error}): it was not written with "
-                "put_json, or it is corrupt"
+                "put_json, or it is corrupt",
+                key,
             ) from None
         if not isinstance(value, dict):
-            raise StoreError(f"object {self.url_for(key)} holds JSON {type(value).__name__}, not an object")
+            raise CorruptObject(
+                f"object {self.url_for(key)} holds JSON {type(value).__name__}, not an object", key
+            )
         return value
+
+    def read_model(self, key: str, model: type[M]) -> M:
+        """The object at `key` as `model`; NotFound if none, CorruptObject if it is not one."""
+        return self._model(model, key, self.get_json(key))
 
     def _model(self, model: type[M], key: str, raw: dict[str, Any]) -> M:
         try:
             return model.model_validate(raw)
         except ValidationError as error:
-            raise StoreError(
+            first = error.errors()[0]
+            where = ".".join(str(part) for part in first["loc"])
+            raise CorruptObject(
                 f"object {self.url_for(key)} is not a valid {model.__name__} ({error.error_count()} "
-                f"problems, first: {error.errors()[0]['msg']}): it was written by an incompatible "
-                "kernelfleet version, or it is corrupt"
+                f"problem(s), first: {where + ': ' if where else ''}{first['msg']}): it was written by an "
+                "incompatible kernelfleet version, or it is corrupt",
+                key,
             ) from None
 
     # ------------------------------------------------------------------ variants and results
@@ -215,10 +229,15 @@ class Store(abc.ABC):
         if not _HEX64.match(variant_hash):
             raise UsageError(f"{variant_hash!r} is not a variant hash: expected 64 lowercase hex digits")
         key = variant_key(variant_hash)
-        code = self.get_bytes(key).decode("utf-8")
+        try:
+            code = self.get_bytes(key).decode("utf-8")
+        except UnicodeDecodeError:
+            raise CorruptObject(
+                f"variant {self.url_for(key)} is not UTF-8 text: the object is corrupt", key
+            ) from None
         if source_hash(code) != variant_hash:
-            raise IntegrityError(
-                f"variant {self.url_for(key)} does not hash to its name: the object is corrupt"
+            raise CorruptObject(
+                f"variant {self.url_for(key)} does not hash to its name: the object is corrupt", key
             )
         return code
 
@@ -244,16 +263,22 @@ class Store(abc.ABC):
     def get_result(self, prefix: str, key: ResultKey) -> EvaluationResult | None:
         object_key = join_key(prefix, key.path())
         try:
-            raw = self.get_json(object_key)
+            return self.read_model(object_key, EvaluationResult)
         except NotFound:
             return None
-        return self._model(EvaluationResult, object_key, raw)
 
-    def list_results(self, prefix: str) -> Iterator[EvaluationResult]:
-        """Every result stored under `prefix`, in key order."""
+    def list_results(self, prefix: str, on_corrupt: OnCorrupt | None = None) -> Iterator[EvaluationResult]:
+        """Every result stored under `prefix`, in key order. A corrupt one raises CorruptObject,
+        or, given `on_corrupt`, is handed to it and skipped: one bad object must not make a
+        whole run unreadable."""
         for key in self.list(join_key(prefix, RESULTS_DIR) + "/"):
             if key.endswith(".json"):
-                yield self._model(EvaluationResult, key, self.get_json(key))
+                try:
+                    yield self.read_model(key, EvaluationResult)
+                except CorruptObject as error:
+                    if on_corrupt is None:
+                        raise
+                    on_corrupt(error)
 
     # ------------------------------------------------------------------ directories (checkpoints)
 
