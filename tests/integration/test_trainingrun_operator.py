@@ -125,6 +125,41 @@ def finish_job(kube: Any, name: str, outcome: str = "Complete") -> None:
     kube.batch.patch_namespaced_job_status(name, kube.namespace, {"status": status})
 
 
+def failed_pod(kube: Any, job: str, output: str) -> None:
+    """A pod of `job` whose container exited 2, with `output` as its termination message."""
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        kube.core.create_namespaced_service_account(kube.namespace, {"metadata": {"name": "default"}})
+    except ApiException as error:
+        if error.status != 409:
+            raise
+    pod = {
+        "metadata": {"name": f"{job}-x1", "labels": {"job-name": job}},
+        "spec": {
+            "restartPolicy": "Never",
+            "automountServiceAccountToken": False,
+            "containers": [{"name": "trainer", "image": "kernelfleet/trainer:test"}],
+        },
+    }
+    kube.core.create_namespaced_pod(kube.namespace, pod)
+    terminated = {"exitCode": 2, "reason": "Error", "message": output}
+    status = {
+        "phase": "Failed",
+        "containerStatuses": [
+            {
+                "name": "trainer",
+                "image": "kernelfleet/trainer:test",
+                "imageID": "",
+                "ready": False,
+                "restartCount": 0,
+                "state": {"terminated": terminated},
+            }
+        ],
+    }
+    kube.core.patch_namespaced_pod_status(f"{job}-x1", kube.namespace, {"status": status})
+
+
 def run_job(kube: Any, name: str) -> None:
     """The Job's pod is running and ready."""
     kube.batch.patch_namespaced_job_status(
@@ -232,11 +267,15 @@ def test_a_failed_stage_fails_the_run_and_the_next_stage_never_starts(kube: Any,
     run = create(kube, manifest("fails", rewardGpus=0))
     sft = run.job_name("sft")
     wait_for("the sft Job", lambda: jobs(kube).get(sft), timeout=WAIT_S)
+    # The stage's pod failed with a usage error; the kubelet kept the end of its log.
+    error = "kernelfleet train: every task of fails is held out; select more tasks or lower heldOut.fraction"
+    failed_pod(kube, sft, error)
     finish_job(kube, sft, "Failed")
     wait_for("phase Failed", lambda: status(kube, run).get("phase") == "Failed", timeout=WAIT_S)
     failed = condition(kube, run, "Failed")
     assert failed is not None and failed["status"] == "True"
     assert "stage 1/2 sft failed: Job has reached the specified backoff limit" in failed["message"]
+    assert f"its last output: {error}" in failed["message"]
     assert status(kube, run)["stages"][0]["phase"] == "Failed"
     assert list(jobs(kube)) == [sft]
 

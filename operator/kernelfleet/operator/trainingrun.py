@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import kopf
@@ -44,6 +44,7 @@ from kernelfleet.operator._kube import ApiError, core_path, custom_path, jobs_pa
 from kernelfleet.operator._settings import OperatorSettings
 from kernelfleet.operator._status import status_diff
 from kernelfleet.operator._training_plan import (
+    JobState,
     JobView,
     Phase,
     Plan,
@@ -277,6 +278,11 @@ async def reconcile(body: Mapping[str, Any], rt: Runtime, memo: Any) -> dict[str
         )
     children = await _children(rt, namespace, uid)
     views = children.views()
+    for stage_name, view in views.items():
+        if view.state == JobState.FAILED:
+            output = await _last_output(rt, namespace, children.jobs[stage_name]["metadata"]["name"])
+            if output:
+                views[stage_name] = replace(view, message=f"{view.message}; its last output: {output}")
     current = plan_run(recorded, run, views, service_ready=False, suspend=spec.suspend)
     ready = current.stage is not None and deployment_ready(children.deployments.get(current.stage.name))
     plan = plan_run(recorded, run, views, service_ready=ready, suspend=spec.suspend)
@@ -310,6 +316,20 @@ async def reconcile(body: Mapping[str, Any], rt: Runtime, memo: Any) -> dict[str
     conditions = cond.remove_condition(conditions, cond.RECONCILE_ERROR)
     status["conditions"] = cond.set_conditions(conditions, updates, observed_generation=generation)
     return status
+
+
+async def _last_output(rt: Runtime, namespace: str, job: str) -> str:
+    """The end of the newest failed pod's output (its termination message, which the pod takes
+    from its log on an error): what a user needs to see why a stage failed."""
+    pods = await rt.kube.list_all(core_path("pods", namespace), {"labelSelector": f"job-name={job}"})
+    pods.sort(key=lambda pod: str(pod["metadata"].get("creationTimestamp") or ""))
+    for pod in reversed(pods):
+        for container in (pod.get("status") or {}).get("containerStatuses") or []:
+            terminated = (container.get("state") or {}).get("terminated") or {}
+            if terminated.get("exitCode"):
+                text = " ".join(str(terminated.get("message") or "").split())
+                return text[-600:] or f"exit code {terminated['exitCode']}"
+    return ""
 
 
 def _previous_stages(status: Mapping[str, Any]) -> list[TrainingStageStatus]:
