@@ -319,3 +319,18 @@ def test_a_spec_changed_after_the_start_is_not_applied(kube: Any, operator: Any,
     _, recorded = read_run_record(open_store(store_dir), TrainingLayout(run.prefix))
     assert recorded.base_model == "s3://models/tiny"
     assert list(jobs(kube)) == [sft]
+
+
+def test_a_store_it_cannot_write_is_reported_in_a_condition(kube: Any, tmp_path: Path) -> None:
+    apply_crds(kube)
+    not_a_directory = tmp_path / "store-file"
+    not_a_directory.write_text("this is a file, not a store")
+    process = OperatorProcess(
+        kube.kubeconfig, kube.namespace, tmp_path / "operator", args=["--store", str(not_a_directory)]
+    )
+    with process:
+        run = create(kube, manifest("nostore", rewardGpus=0))
+        error = wait_for("ReconcileError", lambda: condition(kube, run, "ReconcileError"), timeout=WAIT_S)
+    assert error["status"] == "True"
+    assert f"the store {not_a_directory} is a file, not a directory" in error["message"]
+    assert not jobs(kube)

@@ -26,7 +26,7 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
-from kernelfleet.core.errors import StoreError
+from kernelfleet.core.errors import KernelfleetError
 from kernelfleet.core.resources import (
     GROUP,
     VERSION,
@@ -378,8 +378,9 @@ async def _pass(body: kopf.Body, rt: Runtime, memo: Any, logger: Any) -> None:
     rt.metrics.inc("reconciles_total", kind=KIND)
     try:
         status = await reconcile(body, rt, memo)
-    except (ApiError, StoreError, OSError) as error:
-        reason = "ApiError" if isinstance(error, ApiError) else "StoreError"
+    except (ApiError, KernelfleetError, OSError) as error:
+        # An API or store error: the next pass tries again; until then the condition says why.
+        reason = type(error).__name__
         rt.metrics.inc("errors_total", kind=KIND, reason=reason)
         logger.warning(f"reconcile failed, retrying at the next pass: {error}")
         status = _error_status(body, reason, str(error))
