@@ -60,6 +60,8 @@ def _one(args: argparse.Namespace) -> int:
         "timeout_seconds": 120.0,
     }
     fields = EvalConfig.model_fields
+    if "timeout_seconds" not in fields:  # an evaluator from before the sandbox
+        values["run_timeout_s"] = values.pop("timeout_seconds")
     if "isolation" in fields:
         values.update(isolation=args.level, memory_limit="2Gi", scratch_bytes=256 * 1024**2)
     with Evaluator(EvalConfig(**values)) as evaluator:
@@ -204,6 +206,10 @@ def cell(row: dict[str, Any]) -> str:
     return f"held: {verdict}"
 
 
+def _nothing() -> None:
+    pass
+
+
 def overhead(samples: int) -> dict[str, float]:
     """Seconds bwrap adds to starting one process (the zygote pays it once per evaluator; a
     candidate is a fork inside it), and the time to fork one confined candidate."""
@@ -225,6 +231,47 @@ def overhead(samples: int) -> dict[str, float]:
     if wrapped:
         result["bwrap_python_start_s"] = statistics.median(wrapped)
         result["bwrap_overhead_s"] = result["bwrap_python_start_s"] - result["python_start_s"]
+    # Before the sandbox: a process forked from a torch-preloaded multiprocessing forkserver.
+    import multiprocessing
+
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["torch"])
+    warm = context.Process(target=_nothing)
+    warm.start()
+    warm.join()
+    forked = []
+    for _ in range(samples):
+        begin = time.perf_counter()
+        process = context.Process(target=_nothing)
+        process.start()
+        process.join()
+        forked.append(time.perf_counter() - begin)
+    result["forkserver_process_s"] = statistics.median(forked)
+    # A candidate is a fork of the zygote that raises its walls and exits: what each evaluation
+    # pays per process, at each level (the zygote itself started once, beforehand).
+    from kernelfleet.core.settings import ISOLATION_LEVELS, isolation_rank
+    from kernelfleet.evaluator._sandbox import Sandbox, Walls
+
+    for level in ISOLATION_LEVELS:
+        if isolation_rank(level) > isolation_rank(report.level):
+            continue
+        if ("landlock" in level and not report.landlock_abi) or ("bubblewrap" in level and not report.bwrap):
+            continue
+        sandbox = Sandbox(level, build_root=tempfile.mkdtemp(prefix="kf-overhead-"))
+        walls = Walls(landlock="landlock" in level, seccomp=report.seccomp, memory_bytes=1 << 31)
+        try:
+            sandbox.spawn("candidate", walls, {}).close()  # starts the zygote
+            times = []
+            for _ in range(samples):
+                begin = time.perf_counter()
+                child = sandbox.spawn("candidate", walls, {})
+                child.channel.send({"op": "bye"})
+                child.wait(30)
+                times.append(time.perf_counter() - begin)
+                child.close()
+            result[f"candidate_process_{level}_s"] = statistics.median(times)
+        finally:
+            sandbox.close()
     return result
 
 

@@ -73,6 +73,7 @@ class Api:
         from kubernetes import client, config
 
         self.client = config.new_client_from_config(config_file=str(kubeconfig))
+        self.server = self.client.configuration.host
         self.core = client.CoreV1Api(self.client)
         self.batch = client.BatchV1Api(self.client)
         self.custom = client.CustomObjectsApi(self.client)
@@ -87,9 +88,8 @@ class Api:
 
     def server_requests(self) -> int:
         """Sum of apiserver_request_total (this scrape counts as one of ours)."""
-        text = self.call(
-            self.client.call_api, "/metrics", "GET", auth_settings=["BearerToken"], _preload_content=False
-        )[0].data.decode()
+        response = self.call(self.client.rest_client.pool_manager.request, "GET", f"{self.server}/metrics")
+        text = response.data.decode()
         return int(
             sum(
                 float(m.group(1))
@@ -328,6 +328,7 @@ def main() -> int:
     parser.add_argument("--tasks", type=int, default=10_000)
     parser.add_argument("--jobs", type=int, default=100)
     parser.add_argument("--output", default=str(ROOT / "benchmarks" / "results"))
+    parser.add_argument("--keep", action="store_true", help="keep the servers' and operators' logs")
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="kernelfleet-operator-load-"))
     plane = ControlPlane.start(workdir / "kube")
@@ -354,7 +355,10 @@ def main() -> int:
     stem = out / f"operator_load-{result['date']}"
     stem.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
-    remove_tree(workdir)
+    if args.keep:
+        print(f"logs kept in {workdir}", file=sys.stderr)
+    else:
+        remove_tree(workdir)
     return 0
 
 

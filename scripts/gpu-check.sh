@@ -12,7 +12,8 @@
 #   --rl: only the RL step benchmark (benchmarks/train_rl_step.py: a few GRPO steps of a locally
 #   built ~190M model, rewards from the evaluator on GPU 1 when there are two; RL_STEPS, 3).
 #   --attacks: only the attack suite (issue 9): tests/gpu/test_gpu_attacks.py and the table of
-#   benchmarks/attacks.py for every isolation level the machine reaches.
+#   benchmarks/attacks.py at the strongest isolation level the machine reaches (ATTACK_LEVELS=all
+#   for every level; each attack is a fresh process, about 20 s on the GPU).
 #   Missing Python packages (pydantic, minio; for --rl also trl, peft, datasets, accelerate,
 #   transformers, tokenizers and their dependencies) travel as wheels in .whl/ and are installed
 #   to /tmp/site. bubblewrap, which the image lacks, travels as Debian packages in .debs/
@@ -72,7 +73,7 @@ GPUS=$(python3 -c 'import torch; print(torch.cuda.device_count())')
 REWARD_ARGS=(--out "$RESULTS" --kernels "$KERNELS" --max-seconds "${REWARD_SECONDS:-420}")
 if [[ $ATTACKS == 1 ]]; then
   step gpu-attack-tests python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_gpu_attacks.py
-  step attack-table python3 benchmarks/attacks.py --levels all --device cuda --out "$RESULTS"
+  step attack-table python3 benchmarks/attacks.py --levels "${ATTACK_LEVELS:-auto}" --device cuda --out "$RESULTS"
 elif [[ $RL == 1 ]]; then
   step train-rl-bench python3 benchmarks/train_rl_step.py --out "$RESULTS" --steps "${RL_STEPS:-3}"
 elif [[ $REWARD == 1 ]]; then

@@ -22,7 +22,14 @@ from kernelfleet.core import reasons as R
 from kernelfleet.evaluator import _guards as G
 from kernelfleet.evaluator._child import Job, ReferenceFailure, Session, baselines, probe
 from kernelfleet.evaluator._config import EvalConfig
-from kernelfleet.evaluator._outputs import clone_tree, compare, has_poison, identical, leaves
+from kernelfleet.evaluator._outputs import (
+    check_materialised,
+    clone_tree,
+    compare,
+    has_poison,
+    identical,
+    leaves,
+)
 from kernelfleet.evaluator._timing import InputBank, _Clock
 from kernelfleet.evaluator._wire import Channel, ChannelClosed, MalformedTensors, read_tree, write_tree
 
@@ -178,6 +185,7 @@ class JudgeSession:
         self.clock.sync()
         buffers, model = self.buffers, self.session.ref_model
         elapsed, naive, out = self.clock.measure(lambda: model(*buffers))
+        check_materialised(out, self.session.device)  # the candidate's side does it too: same cost
         if request.get("keep"):
             self.kept = clone_tree(out)
         del out

@@ -235,9 +235,29 @@ def _device_files() -> list[str]:
     return sorted(glob.glob("/dev/nvidia*") + glob.glob("/dev/nvidia-caps/*"))
 
 
+def _import_path() -> str:
+    """PYTHONPATH for the zygote: this process's import paths that the sandbox binds (a package
+    found only through PYTHONPATH here, like a wheel unpacked into /tmp/site, is found there)."""
+    cwd = os.path.realpath(os.getcwd())
+    home = os.path.realpath(os.path.expanduser("~"))
+    prefixes = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix)}
+    kept = []
+    for entry in sys.path:
+        if not entry or not os.path.isdir(entry):
+            continue
+        real = os.path.realpath(entry)
+        if any(inner == real or inner.startswith(real.rstrip("/") + "/") for inner in (cwd, home)):
+            continue
+        if any(real.startswith(prefix.rstrip("/") + "/") for prefix in prefixes):
+            continue  # the interpreter finds its own library and site-packages
+        kept.append(real)
+    return os.pathsep.join(dict.fromkeys(kept))
+
+
 def sandbox_env() -> dict[str, str]:
     """The zygote's whole environment: an allow-list, never the caller's credentials."""
     env = {name: os.environ[name] for name in _SAFE_ENV if name in os.environ}
+    env["PYTHONPATH"] = _import_path()
     bin_dirs = [
         os.path.join(sys.prefix, "bin"),
         "/usr/local/sbin",

@@ -42,12 +42,24 @@ class _Zygote:
         self.tmp_root = Path(tempfile.mkdtemp(prefix="kf-sandbox-"))
         self.pid = os.getpid()
         self.parent = os.getppid()
+        self.wake: tuple[int, int] = (-1, -1)
 
     def serve(self) -> None:
+        # A child's exit wakes the loop at once (SIGCHLD through a wakeup pipe), so its group is
+        # killed and its end reported without waiting for the next poll.
+        wake_read, wake_write = os.pipe()
+        os.set_blocking(wake_read, False)
+        os.set_blocking(wake_write, False)
+        signal.set_wakeup_fd(wake_write)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        self.wake = (wake_read, wake_write)
         self.control.send({"op": "ready", "pid": self.pid, "tmp": str(self.tmp_root)})
         while True:
-            readable, _, _ = select.select([self.control], [], [], 0.05)
-            if readable:
+            readable, _, _ = select.select([self.control.fileno(), wake_read], [], [], 0.5)
+            if wake_read in readable:
+                with contextlib.suppress(OSError):
+                    os.read(wake_read, 4096)
+            if self.control.fileno() in readable:
                 fds: list[int] = []
                 try:
                     message = self.control.receive(timeout=5.0, fds=fds)
@@ -84,6 +96,8 @@ class _Zygote:
             code = 0
             try:
                 self.control.close()
+                for fd in self.wake:
+                    os.close(fd)
                 _child(request, fds[0], fds[1], scratch, protected=[self.pid, self.parent, 1])
             except BaseException:
                 with contextlib.suppress(Exception):
@@ -165,6 +179,8 @@ def _child(
     request: dict[str, Any], channel_fd: int, log_fd: int, scratch: Path, protected: list[int]
 ) -> None:
     """In the forked child: walls first, then the role (judge or candidate)."""
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     os.setpgid(0, 0)
     _confine.die_with_parent()
     os.dup2(log_fd, 1)

@@ -254,11 +254,17 @@ class OptimizationLoop:
                     # A damaged copy of this task's object: the task itself is in hand.
                     self.progress.message(f"{task.name}: {error}; carrying on")
         self._load_results()
+        unsettled = self._provisional_tasks()
         for state in self._states.values():
             summary = self._stored_summary(state)
             # A search cut short by this call's wall time continues when the call is repeated;
-            # every other ending is final for this budget.
-            if summary is not None and summary.stop_reason != "wall-time":
+            # so does one that left results to measure again (provisional: a timing that did
+            # not settle); every other ending is final for this budget.
+            if (
+                summary is not None
+                and summary.stop_reason != "wall-time"
+                and state.task.hash[:16] not in unsettled
+            ):
                 state.summary = summary
                 self.progress.task_finished(summary, resumed=True)
         try:
@@ -320,6 +326,21 @@ class OptimizationLoop:
         is measured or asked again, and the new object goes under a new key where needed)."""
         log.warning("%s", error)
         self.progress.message(f"skipped: {error}")
+
+    def _provisional_tasks(self) -> set[str]:
+        """Tasks (by the 16 characters of their hash in keys) with a provisional result on this GPU
+        class and evaluator version that no final result has replaced yet."""
+        known = {(k.task_hash[:16], k.variant_hash) for k in self._known}
+        found: set[str] = set()
+        base = f"{self.layout.prefix}/provisional/results/"
+        for key in self.store.list(base):
+            parts = key[len(base) :].split("/")
+            if len(parts) != 4 or parts[1] != self.gpu_class or parts[2] != self.evaluator_version:
+                continue
+            variant = parts[3].rsplit("-", 1)[0]
+            if (parts[0], variant) not in known:
+                found.add(parts[0])
+        return found
 
     def _stored_summary(self, state: _TaskState) -> TaskSummary | None:
         """The newest summary this budget wrote for the task, if any."""
@@ -615,8 +636,15 @@ class OptimizationLoop:
         # Named by the samples seen so far: a search continued after a wall-time stop writes a
         # new summary next to the old one; readers take the newest.
         key = self.layout.summary(state.task.hash, self.gpu_class, self._summary_fingerprint(), state.samples)
-        with contextlib.suppress(ObjectConflict):  # a repeated wall-time stop with nothing new
-            self.store.put_json(key, summary)
+        for attempt in range(1, 100):
+            try:
+                self.store.put_json(key, summary)
+                break
+            except ObjectConflict:
+                # The same samples summed up again (a repeated wall-time stop, or results measured
+                # again after a timing that had not settled): a new summary beside the old one;
+                # readers take the newest.
+                key = key.removesuffix(".json").rsplit("-r", 1)[0] + f"-r{attempt}.json"
         state.summary = summary
         self.progress.task_finished(summary, resumed=False)
 
