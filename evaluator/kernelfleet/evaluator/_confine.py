@@ -202,7 +202,12 @@ def _handled_fs(abi: int) -> int:
 
 
 def apply_landlock(
-    read: Iterable[str], write: Iterable[str], devices: Iterable[str] = (), *, scopes: bool = True, net: bool = True
+    read: Iterable[str],
+    write: Iterable[str],
+    devices: Iterable[str] = (),
+    *,
+    scopes: bool = True,
+    net: bool = True,
 ) -> int:
     """Restrict this process (and its descendants) to reading `read`, reading and writing
     `write`, and using the device nodes under `devices`. Paths that do not exist are skipped.
