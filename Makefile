@@ -1,6 +1,8 @@
-# Two commands for a fresh machine (see README):
-#   make demo   runs `kernelfleet optimize` on the bundled examples, on the local CPU or GPU
-#   make test   runs every test tier that needs no GPU: unit, integration, e2e
+# Three commands for a fresh machine (see README):
+#   make demo          runs `kernelfleet optimize` on the bundled examples, on the local CPU or GPU
+#   make test          runs every test tier that needs no GPU: unit, integration, e2e
+#   make cluster-demo  the cluster path on this machine: a real control plane with GPU pools,
+#                      the chart's operator, a job on the examples, its results, then down
 # Both install what they need into .venv and reuse what is already there.
 
 PYTHON ?= python3
@@ -11,7 +13,7 @@ BINDIR := $(shell scripts/build-test-binaries.sh --print-dir)
 # The CPU build of torch is enough for the tests and the demo; the pin matches the GPU machine.
 TORCH  ?= torch==2.11.0
 
-.PHONY: install sandbox-tools binaries demo test test-unit lint gpu-check clean
+.PHONY: install sandbox-tools binaries demo cluster-demo test test-unit lint gpu-check clean
 
 $(STAMP): pyproject.toml core/pyproject.toml evaluator/pyproject.toml search/pyproject.toml trainer/pyproject.toml operator/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +36,10 @@ binaries:
 
 demo: install
 	$(VENV)/bin/kernelfleet optimize examples/tasks --policy compile --policy replay:examples/candidates.jsonl --rounds 2
+
+# Builds the servers first if needed (it says how long that takes before it starts).
+cluster-demo: install
+	$(VENV)/bin/kernelfleet dev-cluster demo
 
 test: install binaries
 	KERNELFLEET_BIN_DIR=$(BINDIR) $(PY) -m pytest -m "not gpu" tests

@@ -139,6 +139,8 @@ def all_crds() -> dict[str, dict[str, Any]]:
                 age,
             ],
         ),
+        "kopf-clusterkopfpeerings.yaml": peering_crd("ClusterKopfPeering", "clusterkopfpeerings", "Cluster"),
+        "kopf-kopfpeerings.yaml": peering_crd("KopfPeering", "kopfpeerings", "Namespaced"),
         "trainingruns.yaml": crd(
             "TrainingRun",
             "trainingruns",
@@ -148,9 +150,42 @@ def all_crds() -> dict[str, dict[str, Any]]:
             [
                 {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
                 {"name": "Stage", "type": "string", "jsonPath": ".status.currentStage"},
+                {"name": "Done", "type": "integer", "jsonPath": ".status.stagesDone"},
+                {"name": "Checkpoint", "type": "string", "jsonPath": ".status.checkpoint", "priority": 1},
                 age,
             ],
         ),
+    }
+
+
+def peering_crd(kind: str, plural: str, scope: str) -> dict[str, Any]:
+    """kopf's peering kinds (group kopf.dev): where operators record their keep-alives, so that a
+    second `kernelfleet operator` pauses while one runs. The status is kopf's own, kept as is."""
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.kopf.dev"},
+        "spec": {
+            "group": "kopf.dev",
+            "names": {"kind": kind, "listKind": f"{kind}List", "plural": plural, "singular": kind.lower()},
+            "scope": scope,
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "properties": {
+                                "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+                            },
+                            "x-kubernetes-preserve-unknown-fields": True,
+                        }
+                    },
+                }
+            ],
+        },
     }
 
 

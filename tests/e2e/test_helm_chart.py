@@ -175,6 +175,9 @@ def test_install_creates_crds_operator_rbac_and_pools_then_uninstall_keeps_the_c
         ("list", "", "pods", None, None),
         ("create", "", "events", elsewhere, None),
         ("get", "", "secrets", elsewhere, None),
+        ("create", "", "secrets", elsewhere, None),
+        ("create", "apps", "deployments", elsewhere, None),
+        ("delete", "", "services", elsewhere, None),
         ("watch", "apiextensions.k8s.io", "customresourcedefinitions", None, None),
         ("list", "", "namespaces", None, None),
     ]:
@@ -186,7 +189,8 @@ def test_install_creates_crds_operator_rbac_and_pools_then_uninstall_keeps_the_c
         ("delete", "", "pods", elsewhere),
         ("create", GROUP, "optimizationjobs", elsewhere),
         ("delete", GROUP, "trainingruns", elsewhere),
-        ("create", "apps", "deployments", elsewhere),
+        ("patch", "apps", "deployments", elsewhere),
+        ("create", "apps", "statefulsets", elsewhere),
         ("create", "apiextensions.k8s.io", "customresourcedefinitions", None),
     ]:
         assert not _can(cluster, sa, verb, group, resource, namespace), (verb, group, resource)

@@ -39,6 +39,7 @@ from kernelfleet.operator._status import PatchLimiter
 log = logging.getLogger("kernelfleet.operator")
 
 REGISTRY = kopf.OperatorRegistry()
+DEFAULT_PEERING = "kernelfleet"
 
 
 @dataclass
@@ -49,6 +50,8 @@ class Runtime:
     kube: KubeClient
     limiter: PatchLimiter
     metrics: Metrics
+    peering: str = ""
+    namespaces: tuple[str, ...] = ()
     store_config: StoreConfig = field(default_factory=StoreConfig.from_env)
     _stores: dict[str, Store] = field(default_factory=dict)
     _stores_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -103,6 +106,9 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
     settings.watching.server_timeout = 300
     settings.networking.request_timeout = 60
     settings.execution.max_workers = 8
+    if rt.peering:
+        settings.peering.name = rt.peering
+        await _ensure_peering(rt)
     rt.metrics.describe("reconciles_total", "Reconcile passes, by kind.")
     rt.metrics.describe("errors_total", "Reconcile errors, by kind and reason.")
     rt.metrics.describe("status_patches_total", "Status patches sent, by kind.")
@@ -117,9 +123,31 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
     rt.metrics.collectors.append(collect)
 
 
-@kopf.on.cleanup(registry=REGISTRY)
-async def close(memo: Any, **_: Any) -> None:
-    await runtime(memo).kube.close()
+async def _ensure_peering(rt: Runtime) -> None:
+    """The peering object kopf records keep-alives in: a second operator that sees this one
+    alive pauses. Without kopf's peering CRDs (crds/kopf-*.yaml) kopf runs alone, with a warning."""
+    from kernelfleet.operator._kube import ApiError
+
+    if rt.namespaces:
+        kind = "KopfPeering"
+        paths = [f"/apis/kopf.dev/v1/namespaces/{ns}/kopfpeerings" for ns in rt.namespaces]
+    else:
+        kind = "ClusterKopfPeering"
+        paths = ["/apis/kopf.dev/v1/clusterkopfpeerings"]
+    for path in paths:
+        try:
+            await rt.kube.create(
+                path, {"apiVersion": "kopf.dev/v1", "kind": kind, "metadata": {"name": rt.peering}}
+            )
+        except ApiError as error:
+            if error.status == 404:
+                log.warning(
+                    "kopf's peering CRDs are not installed (kubectl apply -f crds/): a second operator "
+                    "would not see this one"
+                )
+                return
+            if not error.conflict:
+                raise
 
 
 @dataclass(frozen=True)
@@ -173,6 +201,8 @@ def run(settings: OperatorSettings, options: RunOptions, stop_flag: threading.Ev
         kube=KubeClient(login_for_client),
         limiter=PatchLimiter(settings.min_patch_interval_s),
         metrics=Metrics(),
+        peering="" if options.standalone else (options.peering_name or DEFAULT_PEERING),
+        namespaces=() if options.all_namespaces else tuple(options.namespaces),
     )
 
     async def main() -> None:
@@ -185,6 +215,8 @@ def run(settings: OperatorSettings, options: RunOptions, stop_flag: threading.Ev
                 clusterwide=options.all_namespaces,
                 namespaces=list(options.namespaces),
                 standalone=options.standalone or None,
+                # A name given on the command line makes peering mandatory (kopf pauses without
+                # its CRDs); the default name is used when the CRDs are there.
                 peering_name=options.peering_name,
                 priority=options.priority,
                 liveness_endpoint=options.liveness,
@@ -192,6 +224,8 @@ def run(settings: OperatorSettings, options: RunOptions, stop_flag: threading.Ev
                 memo=kopf.Memo(runtime=rt),
             )
         finally:
+            # After kopf has stopped every handler, so no timer opens the session again.
+            await rt.kube.close()
             if runner is not None:
                 await runner.cleanup()
 

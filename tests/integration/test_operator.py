@@ -1,0 +1,262 @@
+"""The operator against a real kube-apiserver (and MinIO): the CRDs refuse bad specs, the
+operator writes the plan and creates exactly the planned Jobs, survives SIGKILL without
+duplicating anything, suspends and resumes, and reports what it cannot do in conditions.
+
+There is no controller-manager in this tier, so no pods: Job status is written by the test
+where a test needs it, exactly as the Job controller would write it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from kernelfleet.core.config import StoreConfig
+from kernelfleet.core.jobplan import JobPlan, Role, TaskOutcome, job_prefix, outcome_key, plan_key
+from kernelfleet.core.store import open_store
+from tests._servers._process import wait_for
+from tests.support.operator import (
+    GROUP,
+    VERSION,
+    OperatorProcess,
+    apply_crds,
+    condition,
+    create,
+    jobs_of,
+    optimization_job,
+    store_secret,
+    wait_condition,
+)
+
+WAIT_S = 90.0
+
+
+@pytest.fixture
+def operator(kube: Any, minio: Any, tmp_path: Path) -> Any:
+    apply_crds(kube)
+    store_secret(kube, "kernelfleet-store", minio)
+    process = OperatorProcess(
+        kube.kubeconfig,
+        kube.namespace,
+        tmp_path / "operator",
+        env=minio.config(),
+        args=[
+            "--store",
+            f"s3://{minio.bucket}/kf",
+            "--store-secret",
+            "kernelfleet-store",
+            "--max-indexes-per-job=3",
+        ],
+    )
+    process.start()
+    yield process
+    process.stop()
+
+
+def _store(minio: Any) -> Any:
+    return open_store(f"s3://{minio.bucket}/kf", StoreConfig.from_env(minio.config()))
+
+
+def _plan(minio: Any, resource: dict[str, Any]) -> JobPlan:
+    meta = resource["metadata"]
+    prefix = job_prefix(meta["namespace"], meta["name"], meta["uid"])
+    return JobPlan.model_validate(_store(minio).get_json(plan_key(prefix)))
+
+
+def test_the_schema_refuses_bad_specs_naming_the_field(kube: Any) -> None:
+    apply_crds(kube)
+    bad = optimization_job(
+        "bad",
+        tasks=["kernelbench-v0:1:1"],
+        gpuClasses=["h100"],
+        verifyOn=["L40!"],
+        tasksPerIndex=0,
+        queueName="q" * 64,
+    )
+    with pytest.raises(ApiException) as caught:
+        create(kube, bad)
+    assert caught.value.status == 422
+    for field in ("spec.verifyOn[0]", "spec.tasksPerIndex", "spec.queueName"):
+        assert field in str(caught.value.body)
+
+
+def test_operator_plans_and_creates_exactly_the_planned_jobs(operator: Any, kube: Any, minio: Any) -> None:
+    create(
+        kube,
+        optimization_job(
+            "five",
+            tasks=["kernelbench-v0:1:1-5"],
+            gpuClasses=["h100", "a100"],
+            parallelism=2,
+            priorityClassName="",
+            ttlSecondsAfterFinished=3600,
+        ),
+    )
+    resource = wait_condition(kube, "five", "Accepted", timeout=WAIT_S)
+    plan = _plan(minio, resource)
+    assert plan.tasks_total == 5
+    # Five tasks, three indexes per Job at most: two shards per class.
+    expected = {s.job_name for s in plan.shards}
+    assert len(expected) == 4
+
+    def all_jobs() -> list[Any]:
+        jobs = jobs_of(kube, "five")
+        return jobs if {j.metadata.name for j in jobs} == expected else []
+
+    jobs = wait_for("the planned Jobs", all_jobs, timeout=WAIT_S)
+    uid = resource["metadata"]["uid"]
+    for job in jobs:
+        (owner,) = job.metadata.owner_references
+        assert (owner.kind, owner.name, owner.uid, owner.controller) == ("OptimizationJob", "five", uid, True)
+        assert job.spec.completion_mode == "Indexed"
+        assert job.spec.ttl_seconds_after_finished == 3600
+        pod = job.spec.template.spec
+        assert pod.automount_service_account_token is False
+        assert pod.containers[0].security_context.read_only_root_filesystem is True
+        gpu_class = job.metadata.labels["kernelfleet.io/gpu-class"]
+        assert job.spec.template.metadata.labels["kernelfleet.io/gpu-class"] == gpu_class
+    # The class's two pods go to its first shard; the second waits for capacity.
+    by_shard = {
+        (j.metadata.labels["kernelfleet.io/gpu-class"], j.metadata.labels["kernelfleet.io/shard"]): j
+        for j in jobs
+    }
+    assert by_shard[("h100", "0")].spec.parallelism == 2 and by_shard[("h100", "1")].spec.parallelism == 0
+    assert resource["status"]["results"].endswith(f"kf/{job_prefix(kube.namespace, 'five', uid)}")
+
+
+def test_a_spec_the_operator_cannot_run_is_reported_in_conditions(operator: Any, kube: Any) -> None:
+    create(kube, optimization_job("nopool", tasks=["kernelbench-v0:1:1"], gpuClasses=["h100", "b200"]))
+    resource = wait_condition(kube, "nopool", "Accepted", status="False", timeout=WAIT_S)
+    accepted = condition(resource, "Accepted")
+    assert accepted is not None and accepted["reason"] == "InvalidSpec"
+    assert "spec.gpuClasses[1]" in accepted["message"] and "b200" in accepted["message"]
+    assert resource["status"]["phase"] == "Failed"
+    create(
+        kube,
+        optimization_job(
+            "nokey",
+            tasks=["kernelbench-v0:1:1"],
+            policies=[{"kind": "openai", "model": "m", "baseUrl": "http://x/v1", "apiKeySecret": "absent"}],
+        ),
+    )
+    resource = wait_condition(kube, "nokey", "Accepted", status="False", timeout=WAIT_S)
+    assert "spec.policies[0].apiKeySecret" in condition(resource, "Accepted")["message"]  # type: ignore[index]
+    assert jobs_of(kube, "nopool") == [] and jobs_of(kube, "nokey") == []
+
+
+def test_sigkill_mid_job_and_restart_converges_with_no_duplicate(
+    operator: Any, kube: Any, minio: Any
+) -> None:
+    for name in ("k1", "k2", "k3"):
+        create(kube, optimization_job(name, tasks=["kernelbench-v0:1:1-7"], gpuClasses=["h100", "l40"]))
+    wait_for(
+        "a first Job",
+        lambda: jobs_of(kube, "k1") or jobs_of(kube, "k2") or jobs_of(kube, "k3"),
+        timeout=WAIT_S,
+    )
+    operator.kill()
+    operator.start()
+    for name in ("k1", "k2", "k3"):
+        resource = wait_condition(kube, name, "Accepted", timeout=WAIT_S)
+        expected = sorted(s.job_name for s in _plan(minio, resource).shards)
+        assert len(expected) == 6  # 7 tasks, 3 indexes a Job, 2 classes
+
+        def complete(name: str = name, expected: list[str] = expected) -> bool:
+            return sorted(j.metadata.name for j in jobs_of(kube, name)) == expected
+
+        wait_for(f"{name}'s Jobs after the restart", complete, timeout=WAIT_S)
+    # Nothing twice: each Job once (names are unique in a namespace, and no other names appear),
+    # one plan per resource.
+    store = _store(minio)
+    plans = [k for k in store.list("optimizationjobs/") if k.endswith("/plan.json")]
+    assert len([p for p in plans if f"/{kube.namespace}/" in p]) == 3
+    assert len(kube.batch.list_namespaced_job(kube.namespace).items) == 18
+    assert operator.starts == 2
+
+
+def test_suspend_and_resume_reach_the_jobs(operator: Any, kube: Any) -> None:
+    create(kube, optimization_job("pausable", tasks=["kernelbench-v0:1:1-2"], gpuClasses=["h100"]))
+    wait_for("the Job", lambda: jobs_of(kube, "pausable"), timeout=WAIT_S)
+    kube.custom.patch_namespaced_custom_object(
+        GROUP, VERSION, kube.namespace, "optimizationjobs", "pausable", {"spec": {"suspend": True}}
+    )
+    wait_for("suspended Jobs", lambda: all(j.spec.suspend for j in jobs_of(kube, "pausable")), timeout=WAIT_S)
+    resource = wait_condition(kube, "pausable", "Suspended", timeout=WAIT_S)
+    assert resource["status"]["phase"] == "Suspended"
+    kube.custom.patch_namespaced_custom_object(
+        GROUP, VERSION, kube.namespace, "optimizationjobs", "pausable", {"spec": {"suspend": False}}
+    )
+    wait_for(
+        "resumed Jobs", lambda: not any(j.spec.suspend for j in jobs_of(kube, "pausable")), timeout=WAIT_S
+    )
+    wait_condition(kube, "pausable", "Suspended", status="False", timeout=WAIT_S)
+
+
+def test_kueue_jobs_are_created_suspended_with_the_queue_label(operator: Any, kube: Any) -> None:
+    create(
+        kube, optimization_job("queued", tasks=["kernelbench-v0:1:1"], gpuClasses=["h100"], queueName="gpus")
+    )
+    (job,) = wait_for("the Job", lambda: jobs_of(kube, "queued"), timeout=WAIT_S)
+    assert job.spec.suspend is True
+    assert job.metadata.labels["kueue.x-k8s.io/queue-name"] == "gpus"
+
+
+def test_status_folds_job_status_and_outcomes_into_complete(operator: Any, kube: Any, minio: Any) -> None:
+    create(kube, optimization_job("fold", tasks=["kernelbench-v0:1:1-2"], gpuClasses=["h100"]))
+    resource = wait_condition(kube, "fold", "Accepted", timeout=WAIT_S)
+    plan = _plan(minio, resource)
+    (job,) = wait_for("the Job", lambda: jobs_of(kube, "fold"), timeout=WAIT_S)
+    store = _store(minio)
+    from kernelfleet.core.tasks import load_tasks
+
+    for task, speedup in zip(load_tasks("kernelbench-v0:1:1-2"), (1.5, 3.0), strict=True):
+        outcome = TaskOutcome(
+            task_hash=task.hash,
+            task_name=task.name,
+            gpu_class="h100",
+            ok=True,
+            best_speedup=speedup,
+            variants=4,
+        )
+        store.put_json(outcome_key(plan.prefix, Role.SEARCH, "h100", task.hash), outcome)
+    # What the Job controller writes when both indexes succeeded.
+    now = "2026-12-01T00:00:00Z"
+    kube.batch.patch_namespaced_job_status(
+        job.metadata.name,
+        kube.namespace,
+        {
+            "status": {
+                "startTime": now,
+                "completionTime": now,
+                "succeeded": 2,
+                "completedIndexes": "0-1",
+                "conditions": [
+                    {
+                        "type": "SuccessCriteriaMet",
+                        "status": "True",
+                        "lastProbeTime": now,
+                        "lastTransitionTime": now,
+                    },
+                    {"type": "Complete", "status": "True", "lastProbeTime": now, "lastTransitionTime": now},
+                ],
+            }
+        },
+    )
+    resource = wait_condition(kube, "fold", "Complete", timeout=WAIT_S)
+    status = resource["status"]
+    assert status["phase"] == "Succeeded"
+    assert (
+        status["tasksTotal"],
+        status["tasksDone"],
+        status["tasksFailed"],
+        status["variantsEvaluated"],
+    ) == (2, 2, 0, 8)
+    assert status["perClass"]["h100"]["bestSpeedup"] == 3.0
+    assert status["perClass"]["h100"]["medianSpeedup"] == 2.25
+    assert status["observedGeneration"] == resource["metadata"]["generation"]
+    events = kube.core.list_namespaced_event(kube.namespace, field_selector="involvedObject.name=fold").items
+    assert any(e.reason == "AllTasksEnded" for e in events)
+    assert "kernelfleet_operator_status_patches_total" in operator.metrics()
