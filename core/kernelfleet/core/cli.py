@@ -24,21 +24,36 @@ from kernelfleet.core.errors import KernelfleetError, UsageError
 Handler = Callable[[argparse.Namespace], int]
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The root parser with every installed subcommand, or with `only` that one when it exists.
+
+    Loading one entry point instead of all keeps a command from importing what it never uses:
+    `kernelfleet operator` in a development install would otherwise pull in torch through the
+    search component's commands (hundreds of megabytes the operator's memory target cannot spare).
+    """
     parser = argparse.ArgumentParser(
         prog="kernelfleet",
         description="Make GPU code faster, verifiably: evaluate, optimize and report on kernels.",
     )
     parser.add_argument("--version", action="version", version=f"kernelfleet {__version__}")
     subcommands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for entry in sorted(entry_points(group="kernelfleet.commands"), key=lambda e: e.name):
+    entries = sorted(entry_points(group="kernelfleet.commands"), key=lambda e: e.name)
+    if only is not None and any(entry.name == only for entry in entries):
+        entries = [entry for entry in entries if entry.name == only]
+    for entry in entries:
         register = entry.load()
         register(subcommands)
     return parser
 
 
+def _command(argv: Sequence[str] | None) -> str | None:
+    """The subcommand named on the command line, if it comes first (as it always does)."""
+    words = list(sys.argv[1:] if argv is None else argv)
+    return words[0] if words and not words[0].startswith("-") else None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    parser = build_parser(only=_command(argv))
     try:
         args = parser.parse_args(argv)
     except SystemExit as stop:  # --help, --version, or a bad option (argparse printed why)

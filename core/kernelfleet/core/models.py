@@ -95,6 +95,11 @@ class EvaluationResult(Frozen):
         description="Seconds per stage: process_start, cuda_init, build, reference, candidate_load, "
         "correctness, lane_wait, timing, recheck.",
     )
+    isolation: str = Field(
+        default="",
+        description="How the candidate was walled in (an IsolationLevel of core.settings; '' for "
+        "results written before the sandbox existed).",
+    )
 
     @property
     def key(self) -> ResultKey:
@@ -104,6 +109,18 @@ class EvaluationResult(Frozen):
             gpu_class=self.environment.gpu_class,
             evaluator_version=self.environment.evaluator_version,
         )
+
+    @property
+    def final(self) -> bool:
+        """Whether this result is the last word on its key. Not final: a correct candidate whose
+        timing could not be settled (noisy, perhaps because another evaluation shared the
+        device), and a result of a failed judge (the evaluator's fault, not the candidate's).
+        Caches and the optimisation loop keep such results apart, and a resumed run measures
+        again."""
+        codes = {text.split(":", 1)[0].strip() for text in self.reasons}
+        if "judge-failed" in codes:
+            return False
+        return not (self.verdict == Verdict.CORRECT and self.speedup is None and "timing-noisy" in codes)
 
     @property
     def reference_ms(self) -> float | None:

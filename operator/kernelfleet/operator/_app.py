@@ -150,11 +150,6 @@ async def _ensure_peering(rt: Runtime) -> None:
                 raise
 
 
-@kopf.on.cleanup(registry=REGISTRY)
-async def close(memo: Any, **_: Any) -> None:
-    await runtime(memo).kube.close()
-
-
 @dataclass(frozen=True)
 class RunOptions:
     """How `kernelfleet operator` runs kopf."""
@@ -229,6 +224,8 @@ def run(settings: OperatorSettings, options: RunOptions, stop_flag: threading.Ev
                 memo=kopf.Memo(runtime=rt),
             )
         finally:
+            # After kopf has stopped every handler, so no timer opens the session again.
+            await rt.kube.close()
             if runner is not None:
                 await runner.cleanup()
 

@@ -136,13 +136,16 @@ def env_list(values: Mapping[str, str]) -> list[dict[str, Any]]:
 
 
 def scratch_env() -> dict[str, str]:
-    """Every cache and temporary directory on the scratch volume: the root filesystem is read-only."""
+    """Every cache and temporary directory on the scratch volume: the root filesystem is read-only.
+
+    HOME and TMPDIR are the volume itself, which exists when the pod starts (an emptyDir is an
+    empty directory; a subdirectory would not exist, and Python would fall back to /tmp)."""
     return {
-        "HOME": f"{SCRATCH_DIR}/home",
-        "TMPDIR": f"{SCRATCH_DIR}/tmp",
-        "XDG_CACHE_HOME": f"{SCRATCH_DIR}/cache",
-        "TORCH_EXTENSIONS_DIR": f"{SCRATCH_DIR}/cache/torch_extensions",
-        "TRITON_CACHE_DIR": f"{SCRATCH_DIR}/cache/triton",
+        "HOME": SCRATCH_DIR,
+        "TMPDIR": SCRATCH_DIR,
+        "XDG_CACHE_HOME": f"{SCRATCH_DIR}/.cache",
+        "TORCH_EXTENSIONS_DIR": f"{SCRATCH_DIR}/.cache/torch_extensions",
+        "TRITON_CACHE_DIR": f"{SCRATCH_DIR}/.cache/triton",
         "PYTHONDONTWRITEBYTECODE": "1",
         "PYTHONUNBUFFERED": "1",
     }

@@ -107,7 +107,6 @@ def register(subcommands: argparse._SubParsersAction) -> None:
 def run_operator(args: argparse.Namespace) -> int:
     import os
 
-    from kernelfleet.operator._app import RunOptions, run
     from kernelfleet.operator._pools import load_pools
     from kernelfleet.operator._settings import settings_from_env
 
@@ -130,7 +129,16 @@ def run_operator(args: argparse.Namespace) -> int:
     if args.status_interval is not None:
         overrides["status_interval_s"] = args.status_interval
         overrides["min_patch_interval_s"] = args.status_interval
-    settings = settings_from_env(**overrides)
+    settings = settings_from_env(None, **overrides)
+    # kopf imports the `kubernetes` client library whenever it is installed, only to recognise
+    # its objects; the operator never passes any, and the library costs ~20 MB of RSS. Unless
+    # something in this process already loaded it, kopf is told it is absent. (Done only here,
+    # when the operator really runs: a process that returns from this function keeps its imports.)
+    if "kopf" not in sys.modules:
+        for name in ("kubernetes", "kubernetes_asyncio", "pykube"):
+            sys.modules.setdefault(name, None)  # type: ignore[arg-type]
+    from kernelfleet.operator._app import RunOptions, run
+
     options = RunOptions(
         namespaces=tuple(args.namespaces or ()),
         all_namespaces=args.all_namespaces,

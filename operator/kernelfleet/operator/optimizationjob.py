@@ -20,6 +20,7 @@ Deleting the resource deletes its Jobs through their owner references; the resul
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Mapping
@@ -42,7 +43,7 @@ from kernelfleet.core.jobplan import (
     plan_key,
 )
 from kernelfleet.core.resources import GROUP, VERSION, OptimizationJobSpec, PolicyKind
-from kernelfleet.core.store import NotFound, Store, StoreUnavailable
+from kernelfleet.core.store import NotFound, ObjectConflict, Store, StoreUnavailable
 from kernelfleet.operator import _conditions as cond
 from kernelfleet.operator._app import Runtime, runtime
 from kernelfleet.operator._jobs import (
@@ -73,6 +74,12 @@ OWNER_LABEL = f"{GROUP}/optimizationjob"
 INDEX = "optimizationjob_jobs"
 API_KEY_VARIABLE = "KERNELFLEET_OPENAI_API_KEY"
 NODES_TTL_S = 30.0
+RECHECK_S = 60.0
+
+
+def spec_generation(spec: OptimizationJobSpec) -> int:
+    """A stand-in for metadata.generation that the spec itself carries (its hash)."""
+    return hash(spec.model_dump_json())
 
 
 # ---------------------------------------------------------------------- the index of child Jobs
@@ -146,6 +153,8 @@ class _Memory:
     plan: JobPlan | None = None
     created: set[str] = field(default_factory=set)
     outcomes: dict[str, TaskOutcome] = field(default_factory=dict)
+    ended: dict[str, JobView] = field(default_factory=dict)
+    rejected: tuple[int, float, SpecError] | None = None
     phase: str = ""
 
 
@@ -214,7 +223,16 @@ async def _ensure_plan(
     memory = _mem(uid)
     if memory.plan is not None:
         return memory.plan
-    store = rt.store(spec.store)
+    if memory.rejected is not None:
+        generation, when, error = memory.rejected
+        # A rejected spec is checked again when it changes, or after a while (a missing Secret
+        # may have been created since), not on every pass.
+        if generation == spec_generation(spec) and time.monotonic() - when < RECHECK_S:
+            raise error
+    try:
+        store = rt.store(spec.store)
+    except UsageError as error:
+        raise SpecError("spec.store", str(error)) from None
     prefix = job_prefix(namespace, name, uid)
     try:
         raw = await asyncio.to_thread(store.get_json, plan_key(prefix))
@@ -222,7 +240,11 @@ async def _ensure_plan(
         return memory.plan
     except NotFound:
         pass
-    await _validate(rt, spec, namespace)
+    try:
+        await _validate(rt, spec, namespace)
+    except SpecError as error:
+        memory.rejected = (spec_generation(spec), time.monotonic(), error)
+        raise
 
     def resolve_and_write() -> JobPlan:
         tasks = resolve_tasks(spec, lambda url: rt.store(url))
@@ -237,7 +259,11 @@ async def _ensure_plan(
         _write_plan(store, plan, tasks)
         return plan
 
-    memory.plan = await asyncio.to_thread(resolve_and_write)
+    try:
+        memory.plan = await asyncio.to_thread(resolve_and_write)
+    except SpecError as error:
+        memory.rejected = (spec_generation(spec), time.monotonic(), error)
+        raise
     log.info(
         "%s/%s: planned %d task(s), %d Job(s)",
         namespace,
@@ -329,6 +355,48 @@ def _desired_parallelism(plan: JobPlan, views: Mapping[str, JobView], role: Role
             shards, distribute_parallelism(plan.spec.parallelism, remaining), strict=True
         ):
             result[shard.job_name] = share
+    return result
+
+
+def ended_key(prefix: str, job_name: str) -> str:
+    return f"{prefix}/jobs/{job_name}.json"
+
+
+def _record_ended(
+    store: Store, plan: JobPlan, views: Mapping[str, JobView], memory: _Memory
+) -> dict[str, JobView]:
+    """Views of every planned Job, including those that ended and are gone (ttlSecondsAfterFinished).
+
+    The first time the operator sees a Job ended it writes a small record to the store, so a
+    Job deleted afterwards is neither created again nor forgotten by the status, even after a
+    restart."""
+    result = dict(views)
+    for shard in plan.shards:
+        name = shard.job_name
+        view = views.get(name)
+        if view is not None and view.finished and name not in memory.ended:
+            record = {
+                "name": view.name, "role": view.role, "gpu_class": view.gpu_class, "shard": view.shard,
+                "completions": view.completions, "succeeded": view.succeeded,
+                "failed_indexes": sorted(view.failed_indexes), "finished": view.finished,
+                "reason": view.reason,
+            }  # fmt: skip
+            with contextlib.suppress(ObjectConflict):
+                store.put_json(ended_key(plan.prefix, name), record)
+            memory.ended[name] = view
+        if view is None:
+            if name not in memory.ended:
+                try:
+                    raw = store.get_json(ended_key(plan.prefix, name))
+                except NotFound:
+                    continue
+                memory.ended[name] = JobView(
+                    name=name, role=raw["role"], gpu_class=raw["gpu_class"], shard=raw["shard"],
+                    completions=raw["completions"], parallelism=0, suspend=False, active=0,
+                    succeeded=raw["succeeded"], failed_indexes=frozenset(raw["failed_indexes"]),
+                    finished=raw["finished"], reason=raw["reason"], deleting=False,
+                )  # fmt: skip
+            result[name] = memory.ended[name]
     return result
 
 
@@ -624,10 +692,11 @@ async def reconcile(
         plan = await _ensure_plan(rt, parsed, namespace, name, uid)
         owner = Owner(kind=KIND, name=name, namespace=namespace, uid=uid)
         index = kwargs.get(INDEX)
-        views = {v.name: v for v in (index.get((namespace, uid), []) if index is not None else [])}
-        await _converge_jobs(rt, plan, parsed, owner, views)
         store = rt.store(parsed.store)
         memory = _mem(uid)
+        live = {v.name: v for v in (index.get((namespace, uid), []) if index is not None else [])}
+        views = await asyncio.to_thread(_record_ended, store, plan, live, memory)
+        await _converge_jobs(rt, plan, parsed, owner, views)
         await asyncio.to_thread(_read_outcomes, store, plan, memory.outcomes)
         missing = await _missing_classes(rt, sorted({*parsed.gpu_classes, *parsed.verify_on}))
         fold = fold_status(

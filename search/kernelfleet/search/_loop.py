@@ -46,7 +46,7 @@ from kernelfleet.core.models import (
     Verdict,
 )
 from kernelfleet.core.settings import Budget
-from kernelfleet.core.store import CorruptObject, NotFound, ObjectConflict, Store
+from kernelfleet.core.store import CorruptObject, NotFound, ObjectConflict, ResultConflict, RunLease, Store
 from kernelfleet.search._database import Entry, VariantDatabase
 from kernelfleet.search._layout import ANSWER_LIMIT, RunLayout, SampleRecord, read_model, task_object
 from kernelfleet.search._progress import Progress, QuietProgress
@@ -68,6 +68,7 @@ class EvaluatorLike(Protocol):
         cache: Any = None,
         progress: bool = False,
         stop: Callable[[float], bool] | None = None,
+        slow: Callable[[Task, str, float], None] | None = None,
     ) -> list[EvaluationResult]: ...
 
     def baselines(self, task: Task) -> dict[str, Timing]: ...
@@ -103,6 +104,20 @@ class LoopSettings(BaseModel):
     )
     measure_baselines: bool = Field(default=True, description="Measure eager and torch.compile per task.")
     seed: int = Field(default=0, description="Seeds the exemplar choice and the policies' sampling.")
+    lease_wait_seconds: float = Field(
+        default=0.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="When another process works on the run (it holds the run's lease), wait this long "
+        "for it before giving up; two processes on one run would measure each other.",
+    )
+    lease_ttl_seconds: float = Field(
+        default=120.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="How long the run's lease outlives its last renewal (a killed process's lease "
+        "expires after this).",
+    )
 
 
 @dataclass
@@ -196,6 +211,7 @@ class OptimizationLoop:
         self._gpu_used = 0.0
         self._started = 0.0
         self._stop: str | None = None
+        self._lease: RunLease | None = None
 
     # ------------------------------------------------------------------ the run
 
@@ -203,8 +219,23 @@ class OptimizationLoop:
         """Optimise `tasks` until the budget ends; one summary per task, in the given order.
 
         Each call starts from the store alone, so calling it once per task gives every task the
-        whole budget.
+        whole budget. The run's lease is held throughout: a second process on the same run
+        waits for it (`LoopSettings.lease_wait_seconds`) or stops with `LeaseHeld`.
         """
+        lease = RunLease(
+            self.store,
+            self.layout.prefix,
+            ttl_s=self.settings.lease_ttl_seconds,
+            wait_s=self.settings.lease_wait_seconds,
+        )
+        with lease:
+            self._lease = lease
+            try:
+                return self._run(tasks)
+            finally:
+                self._lease = None
+
+    def _run(self, tasks: Iterable[Task]) -> list[TaskSummary]:
         self._started = time.monotonic()
         self._stop = None
         self._states = {}
@@ -223,11 +254,17 @@ class OptimizationLoop:
                     # A damaged copy of this task's object: the task itself is in hand.
                     self.progress.message(f"{task.name}: {error}; carrying on")
         self._load_results()
+        unsettled = self._provisional_tasks()
         for state in self._states.values():
             summary = self._stored_summary(state)
             # A search cut short by this call's wall time continues when the call is repeated;
-            # every other ending is final for this budget.
-            if summary is not None and summary.stop_reason != "wall-time":
+            # so does one that left results to measure again (provisional: a timing that did
+            # not settle); every other ending is final for this budget.
+            if (
+                summary is not None
+                and summary.stop_reason != "wall-time"
+                and state.task.hash[:16] not in unsettled
+            ):
                 state.summary = summary
                 self.progress.task_finished(summary, resumed=True)
         try:
@@ -289,6 +326,21 @@ class OptimizationLoop:
         is measured or asked again, and the new object goes under a new key where needed)."""
         log.warning("%s", error)
         self.progress.message(f"skipped: {error}")
+
+    def _provisional_tasks(self) -> set[str]:
+        """Tasks (by the 16 characters of their hash in keys) with a provisional result on this GPU
+        class and evaluator version that no final result has replaced yet."""
+        known = {(k.task_hash[:16], k.variant_hash) for k in self._known}
+        found: set[str] = set()
+        base = f"{self.layout.prefix}/provisional/results/"
+        for key in self.store.list(base):
+            parts = key[len(base) :].split("/")
+            if len(parts) != 4 or parts[1] != self.gpu_class or parts[2] != self.evaluator_version:
+                continue
+            variant = parts[3].rsplit("-", 1)[0]
+            if (parts[0], variant) not in known:
+                found.add(parts[0])
+        return found
 
     def _stored_summary(self, state: _TaskState) -> TaskSummary | None:
         """The newest summary this budget wrote for the task, if any."""
@@ -463,7 +515,11 @@ class OptimizationLoop:
             limited = self.budget.wall_time_seconds is not None or self.budget.gpu_seconds is not None
             try:
                 results: Sequence[EvaluationResult | None] = self.evaluator.evaluate_batch(
-                    items, cache=sink, progress=False, stop=self._stop_batch if limited else None
+                    items,
+                    cache=sink,
+                    progress=False,
+                    stop=self._stop_batch if limited else None,
+                    slow=self._slow,
                 )
             except EvaluationCancelled as cancelled:
                 # The budget ended mid-batch: what finished is kept, the rest is not evaluated
@@ -497,6 +553,13 @@ class OptimizationLoop:
             if state.db.add(entry) and entry.successful:
                 state.best_seen = max(entry.speedup or 0.0, state.best_seen or 0.0)
 
+    def _slow(self, task: Task, variant_hash: str, seconds: float) -> None:
+        """An evaluation that runs long is named, so a user sees which candidate holds the run."""
+        self.progress.message(
+            f"{task.name}: variant {variant_hash[:12]} has been evaluating for {seconds:.0f} s "
+            "(it is killed at the evaluation timeout, --timeout)"
+        )
+
     def _record_result(self, result: EvaluationResult) -> None:
         """Keep a fresh result: in the store first, then in memory. Called once per key."""
         key = result.key
@@ -513,7 +576,19 @@ class OptimizationLoop:
                 f"the evaluator measured on {key.gpu_class}/{key.evaluator_version}, but the loop was set up "
                 f"for {self.gpu_class}/{self.evaluator_version}: pass the evaluator's own environment"
             )
-        self.store.put_result(self.layout.prefix, result)
+        if self._lease is not None:
+            self._lease.check()
+        if not result.final:
+            # A timing that never settled (another evaluation may have shared the device) or a
+            # failed judge: kept apart, never the run's word on this key; a resumed run measures
+            # it again.
+            self.store.put_provisional(self.layout.prefix, result)
+        else:
+            try:
+                self.store.put_result(self.layout.prefix, result)
+            except ResultConflict as conflict:
+                name = state.task.name if state is not None else result.task_hash[:12]
+                self.progress.message(f"{name}: {conflict}")
         self._known[key] = result
         self._gpu_used += result.seconds
         if state is not None:
@@ -561,8 +636,15 @@ class OptimizationLoop:
         # Named by the samples seen so far: a search continued after a wall-time stop writes a
         # new summary next to the old one; readers take the newest.
         key = self.layout.summary(state.task.hash, self.gpu_class, self._summary_fingerprint(), state.samples)
-        with contextlib.suppress(ObjectConflict):  # a repeated wall-time stop with nothing new
-            self.store.put_json(key, summary)
+        for attempt in range(1, 100):
+            try:
+                self.store.put_json(key, summary)
+                break
+            except ObjectConflict:
+                # The same samples summed up again (a repeated wall-time stop, or results measured
+                # again after a timing that had not settled): a new summary beside the old one;
+                # readers take the newest.
+                key = key.removesuffix(".json").rsplit("-r", 1)[0] + f"-r{attempt}.json"
         state.summary = summary
         self.progress.task_finished(summary, resumed=False)
 

@@ -17,11 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from kernelfleet.core.errors import UsageError
+from kernelfleet.core.job_options import BUDGET_OPTIONS, EVALUATION_OPTIONS, parse_duration
 from kernelfleet.core.models import Environment, Task
 from kernelfleet.core.options import Flag, ModelOptions
-from kernelfleet.core.settings import Budget, EvaluationSettings, LocalSettings
+from kernelfleet.core.run_location import add_location_flags, store_config
+from kernelfleet.core.settings import LocalSettings
 from kernelfleet.core.store import CorruptObject, ObjectConflict, Store, open_store
 from kernelfleet.search._layout import RUN_ID, RunLayout, RunManifest
+from kernelfleet.search._locate import open_run
 from kernelfleet.search._loop import LoopSettings, optimize
 from kernelfleet.search._progress import LiveProgress, QuietProgress
 from kernelfleet.search._report import (
@@ -31,38 +34,28 @@ from kernelfleet.search._report import (
     list_runs,
     load_run,
     render_html,
-    resolve_run,
 )
 from kernelfleet.search.policies._base import Policy, PolicyError
 from kernelfleet.search.policies._replay import ReplayPolicy
 from kernelfleet.search.policies._specs import SPEC_FORMS, PolicyOptions, make_policy
 
-
-def _seconds(text: str) -> float:
-    """`90`, `90s`, `15m` or `2h`, in seconds; whether the value is allowed is the field's to say."""
-    units = {"s": 1.0, "m": 60.0, "h": 3600.0}
-    number, unit = (text[:-1], text[-1]) if text and text[-1] in units else (text, "s")
-    try:
-        return float(number) * units[unit]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a duration: write 90, 90s, 15m or 2h") from None
-
-
 # The options of `optimize`, generated from the settings models: their defaults, bounds and
-# help are the fields'. The flag names are the command line's own.
-BUDGET_OPTIONS = ModelOptions(
-    Budget,
-    Flag("samples_per_round", "--samples"),
-    Flag("wall_time_seconds", "--wall-time", parse=_seconds, metavar="DURATION"),
-    title="budget",
-)
+# help are the fields'. Budget and evaluation flags are shared with `kernelfleet submit`.
+_seconds = parse_duration
 DEVICE_OPTIONS = ModelOptions(LocalSettings)
-EVALUATION_OPTIONS = ModelOptions(EvaluationSettings)
 SEARCH_OPTIONS = ModelOptions(
     LoopSettings,
     Flag("verify_best", "--no-verify", help="skip re-verifying the best variant"),
     Flag("measure_baselines", "--no-baselines", help="skip measuring eager and torch.compile"),
-    only=["exemplars", "bucket_temperature", "seed", "verify_best", "measure_baselines"],
+    Flag("lease_wait_seconds", "--lease-wait", parse=_seconds, metavar="DURATION"),
+    only=[
+        "exemplars",
+        "bucket_temperature",
+        "seed",
+        "verify_best",
+        "measure_baselines",
+        "lease_wait_seconds",
+    ],
     title="search",
 )
 POLICY_OPTIONS = ModelOptions(
@@ -123,11 +116,13 @@ def register_results(subcommands: argparse._SubParsersAction) -> None:
     parser = subcommands.add_parser(
         "results",
         help="the results table of a run, and its best code",
-        description="Print the per-task table of RUN (an id from `kernelfleet optimize`, or a store prefix "
-        "such as optimizationjobs/NS/NAME/UID). Without RUN, list the runs in the store.",
+        description="Print the per-task table of RUN: an id from `kernelfleet optimize`, a store prefix such "
+        "as optimizationjobs/NS/NAME/UID, or a cluster resource (optimizationjob/NAME, or just NAME), whose "
+        "status says where its results are. Without RUN, list the runs in the store.",
     )
     parser.add_argument("run", nargs="?", metavar="RUN")
     _add_store(parser)
+    add_location_flags(parser)
     parser.add_argument("--code", action="store_true", help="also print the best code of every task")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.set_defaults(handler=run_results)
@@ -140,8 +135,9 @@ def register_report(subcommands: argparse._SubParsersAction) -> None:
         description="Write an HTML report of RUN: table, speedup distribution, per-task bars against the "
         "baselines, and the best code per task. One file, no external resources.",
     )
-    parser.add_argument("run", metavar="RUN")
+    parser.add_argument("run", metavar="RUN", help="a run id, a store prefix or a cluster resource (NAME)")
     _add_store(parser)
+    add_location_flags(parser)
     parser.add_argument(
         "-o",
         "--output",
@@ -325,8 +321,8 @@ def run_optimize(args: argparse.Namespace) -> int:
 
 
 def run_results(args: argparse.Namespace) -> int:
-    store = open_store(args.store)
     if args.run is None:
+        store = open_store(args.store, store_config(args))
         runs = list_runs(store)
         if args.json:
             print(json.dumps(runs))
@@ -335,7 +331,8 @@ def run_results(args: argparse.Namespace) -> int:
         else:
             print(f"no runs in {store.url}; start one with `kernelfleet optimize TASKS`", file=sys.stderr)
         return 0
-    report = load_run(store, resolve_run(store, args.run), with_code=args.code or args.json)
+    store, prefix = open_run(args)
+    report = load_run(store, prefix, with_code=args.code or args.json)
     _warn_skipped(report)
     if args.json:
         rows = []
@@ -365,8 +362,8 @@ def run_results(args: argparse.Namespace) -> int:
 
 
 def run_report(args: argparse.Namespace) -> int:
-    store = open_store(args.store)
-    report = load_run(store, resolve_run(store, args.run))
+    store, prefix = open_run(args)
+    report = load_run(store, prefix)
     _warn_skipped(report)
     slug = "".join(char if char.isalnum() or char in "._-" else "-" for char in report.name)
     output = Path(args.output or f"kernelfleet-report-{slug}.html")

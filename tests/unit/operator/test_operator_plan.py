@@ -153,8 +153,8 @@ def _outcome(
     index: int, speedup: float | None, ok: bool = True, role: Role = Role.SEARCH, **fields: object
 ) -> TaskOutcome:
     return TaskOutcome(
-        task_hash=f"{index:064x}", task_name=f"t{index}", gpu_class=fields.pop("gpu_class", "h100"),  # type: ignore[arg-type]
-        role=role, ok=ok, best_speedup=speedup, variants=3, **fields,  # type: ignore[arg-type]
+        task_hash=f"{index:064x}", task_name=f"t{index}", gpu_class=fields.pop("gpu_class", "h100"),
+        role=role, ok=ok, best_speedup=speedup, variants=3, **fields,
     )  # fmt: skip
 
 
@@ -274,7 +274,9 @@ def test_index_reads_only_kernelfleet_jobs() -> None:
     }  # fmt: skip
     import kopf
 
-    ((key, view),) = index_jobs(kopf.Body(body)).items()  # type: ignore[union-attr]
+    found = index_jobs(kopf.Body(body))  # type: ignore[arg-type]
+    assert found is not None
+    ((key, view),) = found.items()
     assert key == ("ns", UID)
     assert (view.succeeded, view.failed_indexes, view.active) == (3, frozenset({1}), 1)
     assert index_jobs(kopf.Body({"metadata": {"name": "other", "labels": {}}})) is None

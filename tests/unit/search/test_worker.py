@@ -9,6 +9,7 @@ import pytest
 
 from kernelfleet.core.jobplan import (
     EXIT_DETERMINISTIC,
+    JobPlan,
     Role,
     TaskOutcome,
     chunk_key,
@@ -17,8 +18,9 @@ from kernelfleet.core.jobplan import (
     plan_key,
     task_log_key,
 )
+from kernelfleet.core.models import Task
 from kernelfleet.core.resources import OptimizationJobSpec
-from kernelfleet.core.store import open_store
+from kernelfleet.core.store import Store, open_store
 from kernelfleet.operator._plan import make_plan
 from kernelfleet.search.worker import Worker, load_slice, outcomes, run_worker
 from tests.support.search import Killed, ScriptedEvaluator, ScriptedPolicy, answer, make_task, variant_code
@@ -28,7 +30,7 @@ UID = "aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee"
 
 def _setup(
     tmp_path: Path, tasks_per_index: int = 2, verify_on: tuple[str, ...] = ()
-) -> tuple[object, object, list]:
+) -> tuple[Store, JobPlan, list[Task]]:
     store = open_store(tmp_path / "store")
     tasks = [make_task(f"t{i}", factor=i + 2) for i in range(3)]
     spec = OptimizationJobSpec.model_validate(

@@ -96,12 +96,7 @@ def open_run(
     tasks = load_run_tasks(config)
     split = split_tasks(tasks, config.spec.held_out)
     evaluation = config.spec.evaluation
-    settings: dict[str, Any] = {
-        "device": device or _default_device(),
-        "profile": evaluation.profile.value,
-        "correctness_trials": evaluation.correctness_trials,
-        "timing_trials": evaluation.timing_trials,
-    }
+    settings: dict[str, Any] = {**evaluation.model_dump(), "device": device or _default_device()}
     settings.update(eval_overrides or {})
     with Evaluator(EvalConfig(**settings)) as evaluator:
         ctx = StageContext(

@@ -37,20 +37,27 @@ from kernelfleet.core.store._errors import (
     IntegrityError,
     NotFound,
     ObjectConflict,
+    ResultConflict,
     StoreUnavailable,
 )
 from kernelfleet.core.store._keys import check_key, join_key
+from kernelfleet.core.store._lease import LeaseHeld, LeaseLost, LeaseRecord, RunLease, current_lease
 from kernelfleet.core.store._local import LocalStore
 from kernelfleet.core.store._manifest import MANIFEST_NAME, DirManifest, ManifestEntry
 from kernelfleet.core.store._s3 import S3Store
 from kernelfleet.core.store._urls import StoreURL, parse_store_url
+from kernelfleet.core.store._verify import Finding, RunCheck, verify_run
 
 __all__ = [
     "MANIFEST_NAME",
     "CheckStep",
     "CorruptObject",
     "DirManifest",
+    "Finding",
     "IntegrityError",
+    "LeaseHeld",
+    "LeaseLost",
+    "LeaseRecord",
     "LocalStore",
     "ManifestEntry",
     "NotFound",
@@ -58,6 +65,9 @@ __all__ = [
     "ObjectInfo",
     "OnCorrupt",
     "Progress",
+    "ResultConflict",
+    "RunCheck",
+    "RunLease",
     "S3Store",
     "Store",
     "StoreConfig",
@@ -65,11 +75,13 @@ __all__ = [
     "StoreURL",
     "StoreUnavailable",
     "check_key",
+    "current_lease",
     "encode_json",
     "join_key",
     "open_store",
     "parse_store_url",
     "variant_key",
+    "verify_run",
 ]
 
 

@@ -25,6 +25,7 @@ import socket
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -33,7 +34,13 @@ from pydantic import BaseModel, ValidationError
 from kernelfleet.core.errors import KernelfleetError, UsageError
 from kernelfleet.core.hashing import normalize_source, source_hash
 from kernelfleet.core.models import EvaluationResult, ResultKey
-from kernelfleet.core.store._errors import CorruptObject, IntegrityError, NotFound, ObjectConflict
+from kernelfleet.core.store._errors import (
+    CorruptObject,
+    IntegrityError,
+    NotFound,
+    ObjectConflict,
+    ResultConflict,
+)
 from kernelfleet.core.store._keys import check_key, join_key
 from kernelfleet.core.store._manifest import MANIFEST_NAME, DirManifest, ManifestEntry
 
@@ -47,6 +54,8 @@ OnCorrupt = Callable[[CorruptObject], None]
 
 VARIANTS_PREFIX = "variants"
 RESULTS_DIR = "results"
+CONFLICTS_DIR = "conflicts"
+PROVISIONAL_DIR = "provisional"
 CHECK_PREFIX = ".kernelfleet-check"
 CHUNK = 1024 * 1024
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -242,10 +251,13 @@ class Store(abc.ABC):
         return code
 
     def put_result(self, prefix: str, result: EvaluationResult) -> bool:
-        """Store a result at `{prefix}/{result.key.path()}`; False if one is there already.
+        """Store a result at `{prefix}/{result.key.path()}`; False if the identical one is there.
 
-        The first result for a key is kept, even if a later one differs: timings vary from
-        run to run, and a result key is measured once by design.
+        A result key is measured once by design, so a *different* result already at the key is
+        never kept silently: something other than this evaluator wrote one of the two (or a
+        run was measured twice). The new result is stored beside it under
+        `{prefix}/conflicts/...` (nothing measured is lost) and `ResultConflict` says where;
+        `kernelfleet store verify` lists every conflict of a run.
         """
         rkey = result.key
         if not (rkey.task_hash and rkey.variant_hash and rkey.gpu_class and rkey.evaluator_version):
@@ -254,11 +266,30 @@ class Store(abc.ABC):
                 f"environment.evaluator_version to be stored; got {rkey.model_dump()}"
             )
         key = join_key(prefix, rkey.path())
+        data = encode_json(result)
         try:
-            return self.put_json(key, result)
+            return self.put_bytes(key, data)
         except ObjectConflict:
-            log.info("a different result is already stored at %s; keeping the first one", self.url_for(key))
-            return False
+            digest = hashlib.sha256(data).hexdigest()[:16]
+            kept = join_key(prefix, CONFLICTS_DIR, rkey.path().removesuffix(".json") + f"-{digest}.json")
+            self.put_bytes(kept, data)
+            log.warning("a different result is already stored at %s; this one is kept at %s", key, kept)
+            raise ResultConflict(
+                f"a different result is already stored at {self.url_for(key)}; this evaluation's result "
+                f"is kept at {self.url_for(kept)}. Neither is trusted until you look: run "
+                f"`kernelfleet store verify {self.url} {prefix}`",
+                key,
+                kept,
+            ) from None
+
+    def put_provisional(self, prefix: str, result: EvaluationResult) -> str:
+        """Keep a result that is not final (`EvaluationResult.final`) apart from the run's
+        results, under a key of its own: nothing measured is lost, and a resumed run, which
+        finds no result at the key, measures again."""
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
+        key = join_key(prefix, PROVISIONAL_DIR, result.key.path().removesuffix(".json") + f"-{stamp}.json")
+        self.put_json(key, result)
+        return key
 
     def get_result(self, prefix: str, key: ResultKey) -> EvaluationResult | None:
         object_key = join_key(prefix, key.path())

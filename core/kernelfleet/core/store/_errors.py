@@ -40,3 +40,13 @@ class CorruptObject(IntegrityError):
 class StoreUnavailable(StoreError, TransientError):
     """The store could not be reached, and retrying with backoff did not help (for now: a
     later attempt may find it back, so this error is transient)."""
+
+
+class ResultConflict(ObjectConflict):
+    """A different evaluation result was already stored at a result's key. Neither is silently
+    kept: the new one is stored beside it (`kept_at`), and `kernelfleet store verify` lists it."""
+
+    def __init__(self, message: str, key: str, kept_at: str) -> None:
+        super().__init__(message)
+        self.key = key
+        self.kept_at = kept_at
