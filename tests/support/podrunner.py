@@ -29,6 +29,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -139,6 +140,7 @@ class PodRunner:
     _running: dict[str, _Running] = field(default_factory=dict)
     _done: set[str] = field(default_factory=set)
     exit_codes: dict[str, int] = field(default_factory=dict)
+    _volume_roots: list[Path] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         from kubernetes import client
@@ -172,6 +174,8 @@ class PodRunner:
             thread.join(timeout=30)
         for running in list(self._running.values()):
             self._kill(running)
+        for root in self._volume_roots:
+            shutil.rmtree(root, ignore_errors=True)
 
     def __enter__(self) -> PodRunner:
         return self.start()
@@ -200,7 +204,9 @@ class PodRunner:
                 "spec": {"holderIdentity": node.name, "leaseDurationSeconds": 40, "renewTime": _now_micro()},
             }
             try:
-                self.coordination.replace_namespaced_lease(node.name, "kube-node-lease", lease)
+                self.coordination.patch_namespaced_lease(
+                    node.name, "kube-node-lease", {"spec": lease["spec"]}
+                )
             except ApiException as error:
                 if error.status != 404:
                     raise
@@ -240,6 +246,7 @@ class PodRunner:
 
         container = pod.spec.containers[0]
         workdir = self.workdir / f"{pod.metadata.namespace}-{pod.metadata.name}"
+        workdir.mkdir(parents=True, exist_ok=True)
         mounts = self._mounts(pod, container, workdir)
         env = {**os.environ, **self.env}
         for variable in container.env or []:
@@ -384,13 +391,18 @@ class PodRunner:
         return None
 
     def _mounts(self, pod: Any, container: Any, workdir: Path) -> dict[str, Path]:
-        """Each mount point of the container -> a local directory with the volume's content."""
+        """Each mount point of the container -> a local directory with the volume's content.
+
+        The directories are short paths of their own (like /scratch in a pod): TMPDIR points
+        into one, and a Unix socket path there (multiprocessing's forkserver) must stay under
+        the kernel's 108 bytes."""
         volumes = {v.name: v for v in pod.spec.volumes or []}
         mounts: dict[str, Path] = {}
+        root = Path(tempfile.mkdtemp(prefix="kfpod-"))
+        self._volume_roots.append(root)
+        (workdir / "volumes").write_text(f"{root}\n")
         for mount in container.volume_mounts or []:
-            local = workdir / "volumes" / mount.name
-            if local.exists():
-                shutil.rmtree(local)
+            local = root / mount.name
             local.mkdir(parents=True)
             volume = volumes.get(mount.name)
             if volume is not None and volume.secret is not None:
