@@ -173,7 +173,7 @@ def part_baselines(tasks: list[Task], args: argparse.Namespace, deadline: float)
         baseline_modes=("compile",),
         timing_trials=3,
         warmup=1,
-        run_timeout_s=args.task_timeout,
+        timeout_seconds=args.task_timeout,
     )
     started = time.monotonic()
     with Evaluator(warm) as evaluator, concurrent.futures.ThreadPoolExecutor(args.compile_jobs) as pool:
@@ -185,7 +185,7 @@ def part_baselines(tasks: list[Task], args: argparse.Namespace, deadline: float)
         baseline_modes=modes,
         timing_trials=args.trials,
         warmup=args.warmup,
-        run_timeout_s=args.task_timeout,
+        timeout_seconds=args.task_timeout,
     )
     rows = []
     with Evaluator(config) as evaluator:

@@ -46,8 +46,6 @@ from gpu_evaluator import UtilizationSampler, commit  # noqa: E402
 from kernelfleet.core.errors import EvaluationCancelled  # noqa: E402
 from kernelfleet.core.models import EvaluationResult, Task  # noqa: E402
 from kernelfleet.evaluator import EVALUATOR_VERSION, EvalConfig, Evaluator, load_tasks  # noqa: E402
-from kernelfleet.evaluator._child import Job  # noqa: E402
-from kernelfleet.evaluator._procs import ChildRunner  # noqa: E402
 
 STAGES = (
     "process_start",
@@ -113,7 +111,7 @@ def part_throughput(
         "device": args.device,
         "profile": args.profile,
         "timing_trials": args.trials,
-        "run_timeout_s": args.task_timeout,
+        "timeout_seconds": args.task_timeout,
         "compile_timeout_s": args.task_timeout,
     }
     items = [(task, code) for task, code, _ in workload]
@@ -169,7 +167,7 @@ def part_repeat(
         profile=args.profile,
         timing_trials=args.trials,
         speedup_recheck=None,
-        run_timeout_s=args.task_timeout,
+        timeout_seconds=args.task_timeout,
         compile_timeout_s=args.task_timeout,
     )
     chosen = workload[: args.repeat_tasks]
@@ -227,11 +225,10 @@ def part_repeat(
 
 
 def environment(device: str) -> dict[str, Any]:
+    # Probing the device starts the sandbox's zygote (torch imported once per benchmark
+    # process) before either mode runs, so that neither pays for it.
     with Evaluator(EvalConfig(device=device)) as evaluator:
         env = evaluator.environment
-    # Start the forkserver (torch imported once per benchmark process) before either mode
-    # runs, so that neither pays for it.
-    ChildRunner().run(Job(mode="probe", config=EvalConfig(device=device)), 300)
     return {
         "gpu": env.device,
         "gpu_class": env.gpu_class,

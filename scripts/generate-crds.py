@@ -150,6 +150,8 @@ def all_crds() -> dict[str, dict[str, Any]]:
             [
                 {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
                 {"name": "Stage", "type": "string", "jsonPath": ".status.currentStage"},
+                {"name": "Done", "type": "integer", "jsonPath": ".status.stagesDone"},
+                {"name": "Checkpoint", "type": "string", "jsonPath": ".status.checkpoint", "priority": 1},
                 age,
             ],
         ),

@@ -11,20 +11,31 @@
 #   .data/cuda-l1-h100-kernels.jsonl, carried to the machine; it is not in the repository).
 #   --rl: only the RL step benchmark (benchmarks/train_rl_step.py: a few GRPO steps of a locally
 #   built ~190M model, rewards from the evaluator on GPU 1 when there are two; RL_STEPS, 3).
+#   --attacks: only the attack suite (issue 9): tests/gpu/test_gpu_attacks.py and the table of
+#   benchmarks/attacks.py at the strongest isolation level the machine reaches (ATTACK_LEVELS=all
+#   for every level; each attack is a fresh process, about 20 s on the GPU).
 #   Missing Python packages (pydantic, minio; for --rl also trl, peft, datasets, accelerate,
 #   transformers, tokenizers and their dependencies) travel as wheels in .whl/ and are installed
-#   to /tmp/site.
+#   to /tmp/site. bubblewrap, which the image lacks, travels as Debian packages in .debs/
+#   (`apt-get download bubblewrap` on a Debian machine); they are unpacked to /tmp/bw, never
+#   onto /, and the isolation level the evaluator reaches is written to the log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 QUICK=0; [[ "${1:-}" == "--quick" ]] && QUICK=1
 REWARD=0; [[ "${1:-}" == "--reward" ]] && REWARD=1
 RL=0; [[ "${1:-}" == "--rl" ]] && RL=1
+ATTACKS=0; [[ "${1:-}" == "--attacks" ]] && ATTACKS=1
 KERNELS=${KERNELFLEET_CUDA_L1_KERNELS:-.data/cuda-l1-h100-kernels.jsonl}
 
 if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     || { echo "gpu-check: installing the carried wheels failed" >&2; exit 1; }
   export PYTHONPATH="/tmp/site:${PYTHONPATH:-}"
+fi
+if ! command -v bwrap >/dev/null 2>&1 && compgen -G ".debs/*.deb" >/dev/null; then
+  rm -rf /tmp/bw && mkdir -p /tmp/bw
+  for deb in .debs/*.deb; do dpkg -x "$deb" /tmp/bw || echo "gpu-check: cannot unpack $deb" >&2; done
+  export PATH="/tmp/bw/usr/bin:$PATH"
 fi
 export PYTHONPATH="$PWD/core:$PWD/evaluator:$PWD/search:$PWD/trainer:$PWD:${PYTHONPATH:-}"
 export PYTHONUNBUFFERED=1
@@ -44,6 +55,7 @@ print(json.dumps({"gpu": torch.cuda.get_device_name(0), "nvidia_smi": smi, "torc
                   "gpus": torch.cuda.device_count()}, indent=2))
 PY
 cat "$ENVFILE" | tee -a "$LOG"
+python3 -c 'from kernelfleet.evaluator._sandbox import detect; print(detect().describe())' 2>&1 | tee -a "$LOG"
 
 step() {  # step NAME COMMAND...: run one stage, keep going when it fails, record the status.
   local name=$1; shift
@@ -59,7 +71,10 @@ EVAL_ARGS=(--out "$RESULTS" --max-seconds "${EVAL_SECONDS:-300}")
 OPT_ARGS=(--out "$RESULTS" --store "${OPT_STORE:-results/tmp/gpu-optimize-store}" --wall-time "${OPT_SECONDS:-220}")
 GPUS=$(python3 -c 'import torch; print(torch.cuda.device_count())')
 REWARD_ARGS=(--out "$RESULTS" --kernels "$KERNELS" --max-seconds "${REWARD_SECONDS:-420}")
-if [[ $RL == 1 ]]; then
+if [[ $ATTACKS == 1 ]]; then
+  step gpu-attack-tests python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_gpu_attacks.py
+  step attack-table python3 benchmarks/attacks.py --levels "${ATTACK_LEVELS:-auto}" --device cuda --out "$RESULTS"
+elif [[ $RL == 1 ]]; then
   step train-rl-bench python3 benchmarks/train_rl_step.py --out "$RESULTS" --steps "${RL_STEPS:-3}"
 elif [[ $REWARD == 1 ]]; then
   step reward-bench python3 benchmarks/reward_service.py "${REWARD_ARGS[@]}"

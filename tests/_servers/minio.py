@@ -1,65 +1,15 @@
-"""A real MinIO server on loopback, and per-test buckets in it."""
+"""A real MinIO server on loopback (from `kernelfleet.operator.devcluster`), and per-test buckets in it."""
 
 from __future__ import annotations
 
 import secrets
-import urllib.request
 from dataclasses import dataclass
-from pathlib import Path
 
 from minio import Minio
 
-from tests._servers._process import ServerProcess, binary, free_port
+from kernelfleet.operator.devcluster._minio import MinioServer
 
-
-class MinioServer:
-    """A MinIO server that can be stopped and started again on the same port and data."""
-
-    def __init__(self, workdir: Path) -> None:
-        self.port = free_port()
-        self.access_key = "kf-test-" + secrets.token_hex(4)
-        self.secret_key = secrets.token_hex(16)
-        console = free_port()
-        self.process = ServerProcess(
-            "minio",
-            [
-                str(binary("minio")),
-                "server",
-                "--quiet",
-                "--address",
-                f"127.0.0.1:{self.port}",
-                "--console-address",
-                f"127.0.0.1:{console}",
-                str(workdir / "data"),
-            ],
-            workdir,
-            ready=self._live,
-            env={
-                "MINIO_ROOT_USER": self.access_key,
-                "MINIO_ROOT_PASSWORD": self.secret_key,
-                "MINIO_BROWSER": "off",
-                "MINIO_UPDATE": "off",
-            },
-        )
-
-    @property
-    def endpoint(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def _live(self) -> bool:
-        with urllib.request.urlopen(f"http://{self.endpoint}/minio/health/ready", timeout=2) as response:
-            return bool(response.status == 200)
-
-    def start(self) -> None:
-        self.process.start()
-
-    def stop(self) -> None:
-        self.process.stop()
-
-    def client(self) -> Minio:
-        return Minio(
-            endpoint=self.endpoint, access_key=self.access_key, secret_key=self.secret_key, secure=False
-        )
+__all__ = ["MinioBucket", "MinioServer", "fresh_bucket"]
 
 
 @dataclass

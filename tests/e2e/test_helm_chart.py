@@ -155,7 +155,7 @@ def test_install_creates_crds_operator_rbac_and_pools_then_uninstall_keeps_the_c
     deployment = apps.read_namespaced_deployment(f"{helm.fullname}-operator", cluster.namespace)
     assert deployment.spec.replicas == 1 and deployment.spec.strategy.type == "Recreate"
     (container,) = deployment.spec.template.spec.containers
-    assert container.command[:2] == ["kopf", "run"] and "--standalone" in container.command
+    assert container.command[:2] == ["kernelfleet", "operator"]
     assert deployment.spec.template.spec.service_account_name == helm.fullname
     cluster.core.read_namespaced_service_account(helm.fullname, cluster.namespace)
 
@@ -175,6 +175,9 @@ def test_install_creates_crds_operator_rbac_and_pools_then_uninstall_keeps_the_c
         ("list", "", "pods", None, None),
         ("create", "", "events", elsewhere, None),
         ("get", "", "secrets", elsewhere, None),
+        ("create", "", "secrets", elsewhere, None),
+        ("create", "apps", "deployments", elsewhere, None),
+        ("delete", "", "services", elsewhere, None),
         ("watch", "apiextensions.k8s.io", "customresourcedefinitions", None, None),
         ("list", "", "namespaces", None, None),
     ]:
@@ -186,7 +189,8 @@ def test_install_creates_crds_operator_rbac_and_pools_then_uninstall_keeps_the_c
         ("delete", "", "pods", elsewhere),
         ("create", GROUP, "optimizationjobs", elsewhere),
         ("delete", GROUP, "trainingruns", elsewhere),
-        ("create", "apps", "deployments", elsewhere),
+        ("patch", "apps", "deployments", elsewhere),
+        ("create", "apps", "statefulsets", elsewhere),
         ("create", "apiextensions.k8s.io", "customresourcedefinitions", None),
     ]:
         assert not _can(cluster, sa, verb, group, resource, namespace), (verb, group, resource)

@@ -24,6 +24,7 @@ from kernelfleet.core.config import StoreConfig
 from kernelfleet.core.jobplan import Role, job_prefix, plan_key, task_log_key
 from kernelfleet.core.store import open_store
 from kernelfleet.operator._pools import DEFAULT_PRODUCTS
+from kernelfleet.operator.devcluster.podrunner import PodRunner, RunnerNode
 from tests._servers._process import wait_for
 from tests.support.operator import (
     GROUP,
@@ -38,7 +39,6 @@ from tests.support.operator import (
     store_secret,
     wait_condition,
 )
-from tests.support.podrunner import PodRunner, RunnerNode
 
 ROOT = Path(__file__).resolve().parents[2]
 WAIT_S = 120.0

@@ -32,7 +32,7 @@ GPU = {
     "warmup": 3,
     "max_speedup_cv": None,
     "speedup_recheck": None,
-    "run_timeout_s": 300.0,
+    "timeout_seconds": 300.0,
     "compile_timeout_s": 600.0,
 }
 

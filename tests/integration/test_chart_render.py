@@ -109,7 +109,9 @@ def test_chart_lints_strictly_with_and_without_the_optional_servers(helm_env: di
         assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_default_render_is_the_operator_and_its_rbac_only(helm_env: dict[str, str]) -> None:
+def test_default_render_is_the_operator_its_rbac_and_the_network_policies_only(
+    helm_env: dict[str, str],
+) -> None:
     docs = render(helm_env)
     assert sorted((d["kind"], d["metadata"]["name"]) for d in docs) == [
         ("ClusterRole", FULLNAME),
@@ -118,6 +120,8 @@ def test_default_render_is_the_operator_and_its_rbac_only(helm_env: dict[str, st
         ("ClusterRoleBinding", FULLNAME),
         ("ConfigMap", f"{FULLNAME}-pools"),
         ("Deployment", f"{FULLNAME}-operator"),
+        ("NetworkPolicy", f"{FULLNAME}-eval-service"),
+        ("NetworkPolicy", f"{FULLNAME}-sandbox"),
         ("ServiceAccount", FULLNAME),
     ]
     for doc in docs:
@@ -313,6 +317,9 @@ def test_store_settings_reach_the_operator_and_credentials_stay_in_the_secret(
         "store.region=eu-west-1",
         "--set",
         "store.existingSecret=s3-credentials",
+        # An outside store must be named to the network policy (it cannot name a host).
+        "--set",
+        "networkPolicy.store.to[0].ipBlock.cidr=198.51.100.0/24",
     )
     assert not [d for d in docs if d["kind"] == "Secret"]
     container = operator_container(docs)
@@ -367,7 +374,9 @@ def test_operator_rbac_is_least_privilege(helm_env: dict[str, str]) -> None:
         ("", "events"): {"create", "patch"},
         ("events.k8s.io", "events"): {"create", "patch"},
         ("", "configmaps"): read,
-        ("", "secrets"): {"get"},
+        ("", "secrets"): {"get", "create"},
+        ("apps", "deployments"): read | {"create", "delete"},
+        ("", "services"): {"get", "list", "create", "delete"},
         ("", "nodes"): {"get", "list"},
         ("kopf.dev", "clusterkopfpeerings"): read | {"patch", "create"},
         ("kopf.dev", "kopfpeerings"): read | {"patch", "create"},

@@ -119,7 +119,12 @@ class ScriptedEvaluator:
         return self.judge(task, code, verification=True)
 
     def evaluate_batch(
-        self, items: list[tuple[Task, str]], cache: Any = None, progress: bool = True, stop: Any = None
+        self,
+        items: list[tuple[Task, str]],
+        cache: Any = None,
+        progress: bool = True,
+        stop: Any = None,
+        slow: Any = None,
     ) -> list[EvaluationResult]:
         results = []
         for task, code in items:

@@ -6,8 +6,9 @@ image has no operator commands. An entry point names a function
 `register(subcommands) -> None` that adds one parser and sets `handler`, a function of the
 parsed arguments that returns the exit status.
 
-Exit statuses: 0 when the command did its work, 1 when it failed, 2 for bad usage or
-unreadable input (with a message that says which and what to do).
+Exit statuses: 0 when the command did its work, 1 when it failed (any `KernelfleetError`:
+its message, never a traceback), 2 for bad usage or unreadable input (a `UsageError`, or an
+option argparse refuses), each with a message that says which and what to do.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
 
 from kernelfleet.core import __version__
-from kernelfleet.core.errors import UsageError
+from kernelfleet.core.errors import KernelfleetError, UsageError
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -66,6 +67,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as error:
         print(f"kernelfleet {args.command}: {error}", file=sys.stderr)
         return 2
+    except KernelfleetError as error:
+        # Every error kernelfleet raises on purpose carries a message that says what to do;
+        # a traceback would only bury it. Anything else is a bug, and keeps its traceback.
+        print(f"kernelfleet {args.command}: {error}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"kernelfleet {args.command}: interrupted; run it again to resume", file=sys.stderr)
         return 130

@@ -8,11 +8,10 @@ version), so the same code is never evaluated twice on the same hardware.
 from __future__ import annotations
 
 import enum
-from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
-from kernelfleet.core.hashing import normalize_source, source_hash
+from kernelfleet.core.hashing import source_hash
 
 
 class Frozen(BaseModel):
@@ -34,24 +33,6 @@ class Task(Frozen):
     @property
     def hash(self) -> str:
         return source_hash(self.code)
-
-
-class Variant(Frozen):
-    """One candidate implementation of a task: a module defining `ModelNew`."""
-
-    code: str
-    policy: str = Field(default="", description="Which policy wrote it ('compile', 'replay', 'openai', ...).")
-    parent_hashes: tuple[str, ...] = Field(default=(), description="Exemplars shown in its prompt.")
-    note: str = Field(default="", description="The policy's own analysis, kept for the report.")
-
-    @computed_field  # type: ignore[prop-decorator]
-    @property
-    def hash(self) -> str:
-        return source_hash(self.code)
-
-    @property
-    def normalized_code(self) -> str:
-        return normalize_source(self.code)
 
 
 class Verdict(enum.StrEnum):
@@ -114,6 +95,11 @@ class EvaluationResult(Frozen):
         description="Seconds per stage: process_start, cuda_init, build, reference, candidate_load, "
         "correctness, lane_wait, timing, recheck.",
     )
+    isolation: str = Field(
+        default="",
+        description="How the candidate was walled in (an IsolationLevel of core.settings; '' for "
+        "results written before the sandbox existed).",
+    )
 
     @property
     def key(self) -> ResultKey:
@@ -123,6 +109,18 @@ class EvaluationResult(Frozen):
             gpu_class=self.environment.gpu_class,
             evaluator_version=self.environment.evaluator_version,
         )
+
+    @property
+    def final(self) -> bool:
+        """Whether this result is the last word on its key. Not final: a correct candidate whose
+        timing could not be settled (noisy, perhaps because another evaluation shared the
+        device), and a result of a failed judge (the evaluator's fault, not the candidate's).
+        Caches and the optimisation loop keep such results apart, and a resumed run measures
+        again."""
+        codes = {text.split(":", 1)[0].strip() for text in self.reasons}
+        if "judge-failed" in codes:
+            return False
+        return not (self.verdict == Verdict.CORRECT and self.speedup is None and "timing-noisy" in codes)
 
     @property
     def reference_ms(self) -> float | None:
@@ -143,9 +141,6 @@ class ResultKey(Frozen):
         """The key's place in the store, relative to a run's root."""
         task, variant = self.task_hash[:16], self.variant_hash
         return f"results/{task}/{self.gpu_class}/{self.evaluator_version}/{variant}.json"
-
-
-PositiveInt = Annotated[int, Field(gt=0)]
 
 
 class TaskSummary(Frozen):

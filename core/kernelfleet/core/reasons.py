@@ -24,6 +24,9 @@ CUSTOM_KERNEL_NOT_RUN = "custom-kernel-not-run"
 TORCH_FALLBACK = "torch-fallback"
 REFERENCE_FALLBACK = "reference-fallback"
 CONSTANT_OUTPUT = "constant-output"
+HARNESS_BROKEN = "harness-broken"  # the evaluator's code in the candidate's process failed or lied
+MALFORMED_OUTPUT = "malformed-output"  # an output file that does not describe itself truthfully
+CLOCK_MISMATCH = "clock-mismatch"  # the candidate's own timings disagree with the clock outside it
 
 # Plain failures.
 OUTPUT_MISMATCH = "output-mismatch"
@@ -40,6 +43,7 @@ OUT_OF_MEMORY = "out-of-memory"
 CRASHED = "crashed"
 TIMEOUT = "timeout"
 REFERENCE_ERROR = "reference-error"
+JUDGE_FAILED = "judge-failed"  # the judge's process failed: the evaluator's fault, never cached
 
 # Annotations on a result that stands (they never change the verdict on their own).
 REVIEW = "review"
@@ -69,6 +73,9 @@ REJECTING = frozenset(
         TORCH_FALLBACK,
         REFERENCE_FALLBACK,
         CONSTANT_OUTPUT,
+        HARNESS_BROKEN,
+        MALFORMED_OUTPUT,
+        CLOCK_MISMATCH,
     }
 )
 

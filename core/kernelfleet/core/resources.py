@@ -338,9 +338,27 @@ class TrainingRunSpec(_Spec):
     reward_gpu_class: str = Field(
         default="", description="Pool of the RL stage's evaluation service; empty: gpuClass."
     )
-    reward_gpus: int = Field(default=1, ge=0, le=64, description="GPUs of the evaluation service.")
-    store: str = ""
-    suspend: bool = False
+    reward_gpus: int = Field(
+        default=1,
+        ge=0,
+        le=64,
+        description="GPUs of the RL stage's evaluation service (kernelfleet eval serve, started by the "
+        "operator for the stage); 0: no service, the rewards are evaluated in the training pod.",
+    )
+    backoff_limit: int = Field(
+        default=3,
+        ge=0,
+        le=100,
+        description="Failed pods a stage survives; each replacement resumes from the newest checkpoint. "
+        "Evicted and preempted pods do not count.",
+    )
+    priority_class_name: str = Field(default="", max_length=253, description="PriorityClass of the pods.")
+    store: str = Field(default="", description="Store URL; empty means the operator's configured store.")
+    suspend: bool = Field(
+        default=False,
+        description="Pause: the current stage's pod stops (it resumes from its newest checkpoint) and the "
+        "evaluation service is removed.",
+    )
 
 
 class TrainingStageStatus(_Spec):

@@ -37,6 +37,74 @@ def check_device(value: str) -> str:
 Device = Annotated[str, AfterValidator(check_device)]
 
 
+class IsolationLevel(enum.StrEnum):
+    """How a candidate is walled in, weakest first (docs/sandbox.md).
+
+    - `process`: its own process apart from the judge, no capabilities, rlimits, seccomp, a
+      scrubbed environment, a reaper for everything it starts;
+    - `landlock`: and a Landlock domain (the filesystem as an allow-list; no signals, ptrace or
+      TCP outside);
+    - `bubblewrap`: the process in a bubblewrap sandbox (its own mount view, PID and network
+      namespaces);
+    - `bubblewrap+landlock`: both.
+    """
+
+    PROCESS = "process"
+    LANDLOCK = "landlock"
+    BUBBLEWRAP = "bubblewrap"
+    BUBBLEWRAP_LANDLOCK = "bubblewrap+landlock"
+
+
+ISOLATION_LEVELS: tuple[str, ...] = tuple(level.value for level in IsolationLevel)
+
+
+def isolation_rank(level: str) -> int:
+    """Position of `level` in ISOLATION_LEVELS; -1 for '' (a result from before the sandbox)."""
+    return ISOLATION_LEVELS.index(level) if level in ISOLATION_LEVELS else -1
+
+
+_SIZE_UNITS = {
+    "": 1,
+    "k": 1000,
+    "m": 1000**2,
+    "g": 1000**3,
+    "t": 1000**4,
+    "ki": 1024,
+    "mi": 1024**2,
+    "gi": 1024**3,
+    "ti": 1024**4,
+}
+
+
+def parse_bytes(text: str | int) -> int:
+    """'8G', '8GB', '512Mi', '1.5g' or a plain number of bytes -> bytes. G is 10^9 and Gi 2^30,
+    as in Kubernetes quantities; ValueError names what is accepted."""
+    if isinstance(text, int):
+        value = text
+    else:
+        raw = text.strip().lower().removesuffix("b")
+        number = raw.rstrip("kmgti")
+        unit = raw[len(number) :]
+        try:
+            value = int(float(number) * _SIZE_UNITS[unit])
+        except (KeyError, ValueError):
+            raise ValueError(
+                f"{text!r} is not a size: use a number of bytes or one with a unit, e.g. 512Mi, 8G, 16Gi"
+            ) from None
+    if value <= 0:
+        raise ValueError(f"{text!r} must be a positive size")
+    return value
+
+
+def _check_size(value: str | None) -> str | None:
+    if value:
+        parse_bytes(value)
+    return value or None
+
+
+MemorySize = Annotated[str, AfterValidator(_check_size)]
+
+
 class LocalSettings(Settings):
     """What a command run on this machine adds to the shared settings: where to evaluate."""
 
@@ -132,3 +200,24 @@ class EvaluationSettings(Settings):
     require_kernel: bool = Field(
         default=False, description="Demand a custom CUDA/C++ or Triton kernel; plain PyTorch is rejected."
     )
+    timeout_seconds: float = Field(
+        default=300.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="Seconds one evaluation may take (load, check, time; waiting for the device "
+        "excluded) before both of its processes are killed and the verdict is timeout.",
+    )
+    memory_limit: MemorySize | None = Field(
+        default=None,
+        description="Host memory a candidate's process may allocate, e.g. 8G or 16Gi. None: half of "
+        "the machine's memory.",
+    )
+    min_isolation: IsolationLevel | None = Field(
+        default=None,
+        description="Refuse to evaluate on a machine that cannot wall candidates in at least this well: "
+        "process, landlock, bubblewrap or bubblewrap+landlock (docs/sandbox.md). None: any level.",
+    )
+
+    @property
+    def memory_limit_bytes(self) -> int | None:
+        return parse_bytes(self.memory_limit) if self.memory_limit else None

@@ -10,6 +10,7 @@ Only the source is read here; nothing is imported or executed in this process.
 from __future__ import annotations
 
 import ast
+import codecs
 import json
 import os
 import re
@@ -56,7 +57,45 @@ def missing_task_names(code: str) -> list[str]:
     return [name for name in REQUIRED_NAMES if name not in defined]
 
 
+# PEP 263: a coding declaration is a comment matching this in one of the first two lines.
+_CODING = re.compile(rb"^[ \t\f]*#.*?coding[:=][ \t]*([-\w.]+)")
+
+
+def read_source(path: Path) -> str:
+    """A Python file's text, decoded as Python decodes it: UTF-8 unless a PEP 263 coding line
+    (`# -*- coding: latin-1 -*-`) says otherwise. Unreadable: a UsageError naming the file."""
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise UsageError(
+            f"cannot read {path}: {error.strerror or error}; check that the file exists"
+        ) from None
+    try:
+        return data.decode(source_encoding(data))
+    except (LookupError, UnicodeDecodeError, SyntaxError) as error:
+        raise UsageError(
+            f"cannot read {path} as Python source: {error}; save it as UTF-8, or declare its "
+            "encoding in a coding line (PEP 263)"
+        ) from None
+
+
+def source_encoding(source: bytes | str) -> str:
+    """The encoding a Python source declares (PEP 263), else 'utf-8'. Code kept as text is
+    written back with it, so that the declaration stays true when the file is imported."""
+    data = source.encode("utf-8", "surrogateescape") if isinstance(source, str) else source
+    for line in data.splitlines()[:2]:
+        match = _CODING.match(line)
+        if match:
+            name = match.group(1).decode("ascii", "replace")
+            codecs.lookup(name)  # LookupError for an unknown encoding
+            return name
+        if line.strip() and not line.lstrip().startswith(b"#"):
+            break  # the declaration must come before any code
+    return "utf-8"
+
+
 def _read(path: Path) -> str:
+    """A JSONL file's text (JSON is UTF-8)."""
     try:
         return path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
@@ -66,14 +105,16 @@ def _read(path: Path) -> str:
 
 
 def _task_from_file(path: Path, *, check: bool = True) -> Task | None:
-    code = _read(path)
+    """The task in `path`. Without `check` (a file found in a directory), a file that is not a
+    task (a helper module) is None, but a file that is not even valid Python is an error: it
+    is most likely a task with a typo, and skipping it without a word would hide it."""
+    code = read_source(path)
     try:
         missing = missing_task_names(code)
     except SyntaxError as error:
-        if not check:
-            return None
         raise UsageError(
             f"{path} is not valid Python ({error.msg}, line {error.lineno}); fix the task file"
+            + ("" if check else ", or move it out of the task directory")
         ) from None
     if missing:
         if not check:

@@ -30,7 +30,10 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from kernelfleet.core.resources import TrainingStageStatus
+from pydantic import ValidationError
+
+from kernelfleet.core.errors import UsageError
+from kernelfleet.core.resources import TrainingRunSpec, TrainingStageStatus
 from kernelfleet.core.store import MANIFEST_NAME, NotFound, Store
 
 _CHECKPOINT = re.compile(r"/checkpoints/step-(?P<step>\d+)-(?P<attempt>[0-9a-z]+)/$")
@@ -91,6 +94,34 @@ class TrainingLayout:
 
     def heldout(self, stage: str) -> str:
         return f"{self.prefix}/heldout/{stage}"
+
+
+def run_record(name: str, spec: TrainingRunSpec) -> dict[str, Any]:
+    """What `<prefix>/run.json` holds: the run's name and the spec it was started with.
+
+    Whoever starts a run writes it (the trainer for a local run, the operator for a TrainingRun,
+    before the first stage's pod starts); the same record written again is a no-op, a different
+    one a conflict, so a changed spec can never silently continue an old run's checkpoints.
+    """
+    return {"name": name, "spec": spec.model_dump(mode="json")}
+
+
+def read_run_record(store: Store, layout: TrainingLayout) -> tuple[str, TrainingRunSpec]:
+    """The (name, spec) under `layout`, as `run_record` wrote them."""
+    try:
+        data = store.get_json(layout.spec)
+    except NotFound:
+        raise UsageError(
+            f"{store.url_for(layout.spec)} does not exist: the run was never started there; check "
+            "--store and --prefix, or give --run-config"
+        ) from None
+    try:
+        return str(data["name"]), TrainingRunSpec.model_validate(data["spec"])
+    except (KeyError, ValidationError) as error:
+        raise UsageError(
+            f"{store.url_for(layout.spec)} is not a training run record ({error.__class__.__name__}: "
+            f"{error}); it was written by another program"
+        ) from None
 
 
 def newest_checkpoint(store: Store, checkpoints_prefix: str) -> tuple[int, str] | None:

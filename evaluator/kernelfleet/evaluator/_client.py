@@ -31,11 +31,16 @@ _DERIVED = ("reference_ms", "candidate_ms", "baselines")
 
 
 class ServiceError(KernelfleetError):
-    """The service refused a request or failed it; `status` is the HTTP status (0: unreachable)."""
+    """The service refused a request or failed it; `status` is the HTTP status (0: unreachable).
+
+    Unreachable, busy (429) and failing (5xx) services may recover, so those errors are
+    `transient`; a refused request (4xx) fails again the same way.
+    """
 
     def __init__(self, message: str, status: int = 0) -> None:
         super().__init__(message)
         self.status = status
+        self.transient = status == 0 or status == 429 or status >= 500
 
 
 def result_from_json(data: dict[str, Any]) -> EvaluationResult:

@@ -16,10 +16,11 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
+from typing import Literal
 
 from pydantic import ConfigDict, Field, field_validator
 
-from kernelfleet.core.settings import Device, EvaluationProfile, EvaluationSettings
+from kernelfleet.core.settings import Device, EvaluationProfile, EvaluationSettings, IsolationLevel
 from kernelfleet.evaluator._version import EVALUATOR_VERSION
 
 BASELINE_MODES = ("eager", "compile", "compile-reduce-overhead", "cudagraph")
@@ -128,7 +129,6 @@ class EvalConfig(EvaluationSettings):
 
     device: Device = Field(default="cpu", description="'cpu', 'cuda' (all local GPUs) or 'cuda:N'.")
     compile_timeout_s: float = Field(default=180.0, gt=0)
-    run_timeout_s: float = Field(default=300.0, gt=0, description="Per child: load, check, time.")
     speedup_recheck: float | None = Field(
         default=3.0, description="Speedups at or above this are re-timed in a fresh process."
     )
@@ -174,6 +174,16 @@ class EvalConfig(EvaluationSettings):
         "machine); None keeps torch's default.",
     )
     timing: bool = Field(default=True, description="False: correctness only, no speedup.")
+    isolation: Literal["auto"] | IsolationLevel = Field(
+        default="auto",
+        description="How candidates are walled in (docs/sandbox.md); auto: the strongest this machine "
+        "offers (kernelfleet eval isolation says which).",
+    )
+    scratch_bytes: int = Field(
+        default=4 * 1024**3,
+        gt=0,
+        description="Size of the sandbox's private /tmp, and the largest file a candidate may write.",
+    )
     baseline_modes: tuple[str, ...] = BASELINE_MODES
     baseline_trials: int | None = Field(default=None, description="None: timing_trials.")
 

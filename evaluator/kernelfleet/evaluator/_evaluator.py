@@ -39,16 +39,18 @@ from tqdm import tqdm
 from kernelfleet.core import reasons as R
 from kernelfleet.core.errors import EvaluationCancelled, UsageError
 from kernelfleet.core.hashing import source_hash
-from kernelfleet.core.models import Environment, EvaluationResult, ResultKey, Task, Timing, Variant, Verdict
+from kernelfleet.core.models import Environment, EvaluationResult, ResultKey, Task, Timing, Verdict
 from kernelfleet.evaluator._cache import ResultCache
-from kernelfleet.evaluator._child import Job
 from kernelfleet.evaluator._config import EvalConfig
+from kernelfleet.evaluator._devicelock import DeviceLock
 from kernelfleet.evaluator._environment import gpu_class, host_name
 from kernelfleet.evaluator._ops import needs_native_build
-from kernelfleet.evaluator._procs import ChildOutcome, ChildRunner
+from kernelfleet.evaluator._protocol import Evaluation, Outcome, Sides
+from kernelfleet.evaluator._sandbox import Sandbox, Walls, detect, resolve_level, sandbox_for
 from kernelfleet.evaluator._timing import stats
 
 _LOG_LIMIT = 4000
+SLOW_AFTER_S = 60.0  # an evaluation running this long is named in the progress (and again after as long)
 
 
 def _torch_version() -> str:
@@ -94,6 +96,11 @@ class _Lane:
         self.environment = environment
         self.arch = arch
         self.timing = threading.Lock()
+
+    @property
+    def device_id(self) -> str:
+        """The device's name across processes of this machine (its machine-wide lock)."""
+        return "cpu" if self.visible is None else f"cuda-{self.visible}"
 
 
 @dataclasses.dataclass(eq=False)
@@ -218,7 +225,7 @@ class Evaluator:
 
     def __init__(self, config: EvalConfig | None = None) -> None:
         self.config = config or EvalConfig()
-        self._runner = ChildRunner()
+        self._level: str | None = None
         self._lanes: list[_Lane] | None = None
         self._lanes_lock = threading.Lock()
         self._ready: queue.Queue[_Item | None] = queue.Queue()
@@ -244,8 +251,7 @@ class Evaluator:
             self._closed = True
             items = list(self._items)
         for item in items:
-            item.cancel.set()
-        self._runner.close()
+            item.cancel.set()  # each evaluation sees it within a quarter second and kills its children
         for _ in self._threads:
             self._ready.put(None)
         if self._builds is not None:
@@ -270,11 +276,14 @@ class Evaluator:
                 )
                 self._lanes = [_Lane(0, None, env, None)]
                 return self._lanes
-            outcome = self._runner.run(Job(mode="probe", config=self.config), timeout=120)
+            outcome = self._judge_job(
+                {"op": "probe", "config": self.config.model_dump(mode="json")}, None, timeout=120
+            )
             answer = outcome.answer
             if answer is None or answer.get("status") != "ok":
+                why = "timed out" if outcome.timed_out else outcome.exit_description or str(answer)
                 raise UsageError(
-                    f"cannot query the GPUs (the probe {outcome.exit_description}); check the NVIDIA "
+                    f"cannot query the GPUs (the probe {why}); check the NVIDIA "
                     f"driver, or use --device cpu\n{outcome.log[-1000:]}"
                 )
             devices = answer["devices"]
@@ -313,31 +322,63 @@ class Evaluator:
             self._lanes = lanes
             return lanes
 
+    # -- the sandbox
+
+    @property
+    def isolation(self) -> str:
+        """The isolation level candidates run at (resolved on first use; UsageError when it is
+        below `min_isolation`)."""
+        if self._level is None:
+            self._level = resolve_level(self.config.isolation, self.config.min_isolation)
+        return self._level
+
+    def _sandbox(self) -> Sandbox:
+        return sandbox_for(self.isolation, str(self.config.build_root), self.config.scratch_bytes)
+
+    def _sides(self, config: EvalConfig, lane: _Lane | None, env: dict[str, str]) -> Sides:
+        level = self.isolation
+        report = detect()
+        memory = config.memory_limit_bytes or _half_memory()
+        candidate = Walls(
+            landlock=level.endswith("landlock"),
+            seccomp=report.seccomp,
+            memory_bytes=memory,
+            file_bytes=config.scratch_bytes,
+            processes=None if report.cgroup else _PROCESSES,
+            # A C++/CUDA candidate loads its extension from its own build directory (keyed by its
+            # source: no other code's build is there), and may touch it there.
+            write=(env["TORCH_EXTENSIONS_DIR"],) if "TORCH_EXTENSIONS_DIR" in env else (),
+        )
+        judge = Walls(seccomp=report.seccomp)
+        child_env = dict(env)
+        if lane is not None and lane.visible is not None:
+            child_env["CUDA_VISIBLE_DEVICES"] = lane.visible
+        if lane is not None and lane.arch and "TORCH_CUDA_ARCH_LIST" not in os.environ:
+            child_env["TORCH_CUDA_ARCH_LIST"] = lane.arch
+        return Sides(level, candidate, judge, child_env)
+
+    def _judge_job(self, message: dict[str, Any], lane: _Lane | None, timeout: float) -> Outcome:
+        sides = self._sides(self.config, lane, {})
+        evaluation = Evaluation(self._sandbox(), sides, self.config, "", "", 0, timeout=timeout)
+        return evaluation.judge_only(message)
+
     @property
     def environment(self) -> Environment:
         """The environment of the first device (all devices of a batch, when they are alike)."""
         return self._probe_lanes()[0].environment
 
-    def key_for(self, task: Task, code: str | Variant, config: EvalConfig | None = None) -> ResultKey:
+    def key_for(self, task: Task, code: str, config: EvalConfig | None = None) -> ResultKey:
         """The cache key the result of `code` on `task` will have on this evaluator."""
-        text = code.code if isinstance(code, Variant) else code
         return ResultKey(
             task_hash=task.hash,
-            variant_hash=source_hash(text),
+            variant_hash=source_hash(code),
             gpu_class=self.environment.gpu_class,
             evaluator_version=(config or self.config).result_version,
         )
 
-    def with_options(self, **options: Any) -> EvalConfig:
-        """This evaluator's config with some fields changed (per-evaluation options of the
-        service); the device stays the evaluator's."""
-        if "device" in options and options["device"] != self.config.device:
-            raise UsageError(f"the device is the evaluator's ({self.config.device}); leave it out")
-        return self.config.model_copy(update=options) if options else self.config
-
     # -- one evaluation
 
-    def evaluate(self, task: Task, code: str | Variant) -> EvaluationResult:
+    def evaluate(self, task: Task, code: str) -> EvaluationResult:
         """Judge one candidate. When the task's own reference fails, the verdict is
         runtime_error with a `reference-error` reason (and the result is never cached)."""
         return self.evaluate_batch([(task, code)], cache=None, progress=False)[0]
@@ -357,6 +398,7 @@ class Evaluator:
         speedup_ci: tuple[float, float] | None = None,
         max_abs_error: float | None = None,
         settings: dict[str, str] | None = None,
+        isolation: str = "",
     ) -> EvaluationResult:
         config = item.config
         reasons = list(reasons)
@@ -367,7 +409,8 @@ class Evaluator:
                 R.reason(R.REVIEW, f"speedup {speedup:.2f}x is above the {config.review_ceiling:g}x ceiling")
             )
         if any(
-            R.reason_code(t) in (R.NOT_REPRODUCIBLE, R.TRACE_UNAVAILABLE, R.DEGENERATE_TASK) for t in reasons
+            R.reason_code(t) in (R.NOT_REPRODUCIBLE, R.TRACE_UNAVAILABLE, R.DEGENERATE_TASK, R.JUDGE_FAILED)
+            for t in reasons
         ):
             flagged = True
         environment = lane.environment
@@ -390,25 +433,17 @@ class Evaluator:
             seconds=round(seconds, 3),
             log=log[-_LOG_LIMIT:] if verdict != "correct" else "",
             stages={name: round(value, 4) for name, value in item.stages.items()},
+            isolation=isolation or (self._level or ""),
         )
 
     def _seed(self, config: EvalConfig) -> int:
         return config.seed if config.seed is not None else secrets.randbits(31)
 
-    def _job(self, mode: str, task: Task, code: str, lane: _Lane, seed: int, config: EvalConfig) -> Job:
+    def _env(self, code: str, lane: _Lane) -> dict[str, str]:
         env: dict[str, str] = {}
-        if lane.arch and "TORCH_CUDA_ARCH_LIST" not in os.environ:
-            env["TORCH_CUDA_ARCH_LIST"] = lane.arch
-        return Job(
-            mode=mode,
-            config=config,
-            reference=task.code,
-            candidate=code,
-            visible_devices=lane.visible,
-            build_dir=str(self._build_dir(code, lane)) if needs_native_build(code) else None,
-            env=env,
-            seed=seed,
-        )
+        if needs_native_build(code):
+            env["TORCH_EXTENSIONS_DIR"] = str(self._build_dir(code, lane))
+        return env
 
     def _build_dir(self, code: str, lane: _Lane) -> Path:
         """The build cache: keyed by torch, the toolchain, the GPU architecture and the source."""
@@ -417,14 +452,14 @@ class Evaluator:
         toolchain = f"{toolchain_tag()}-sm{arch.replace('.', '').replace(' ', '_').replace(';', '_')}"
         return self.config.build_root / "builds" / f"torch-{torch_tag}" / toolchain / source_hash(code)[:24]
 
-    def _failure(self, outcome: ChildOutcome, item: _Item, lane: _Lane, what: str) -> EvaluationResult:
+    def _failure(self, outcome: Outcome, item: _Item, lane: _Lane, what: str) -> EvaluationResult:
         if outcome.cancelled:
             raise EvaluationCancelled(f"{what} the candidate was cancelled")
         if outcome.timed_out:
             if what == "building":
                 limit = f"{item.config.compile_timeout_s:g} s of CPU time"
             else:
-                limit = f"{item.config.run_timeout_s:g} s"
+                limit = f"{item.config.timeout_seconds:g} s"
             return self._result(
                 item,
                 lane,
@@ -436,49 +471,82 @@ class Evaluator:
                 ],
                 seconds=outcome.seconds,
                 log=outcome.log,
+                isolation=outcome.isolation,
             )
         answer = outcome.answer
-        if answer is not None and answer.get("status") == "internal-error":
-            raise RuntimeError(f"the evaluator failed while {what} a candidate:\n{answer.get('error')}")
+        if answer is not None and answer.get("status") == "judge-error":
+            # The judge never runs candidate code: its failure is the evaluator's, so the result
+            # is reported (the run goes on) but never cached; a resume evaluates again.
+            return self._result(
+                item,
+                lane,
+                "runtime_error",
+                [R.reason(R.JUDGE_FAILED, f"while {what} the candidate: {str(answer.get('error'))[:1500]}")],
+                seconds=outcome.seconds,
+                log=outcome.log,
+                isolation=outcome.isolation,
+            )
         return self._result(
             item,
             lane,
             "runtime_error",
-            [R.reason(R.CRASHED, f"the process {outcome.exit_description} while {what} the candidate")],
+            [R.reason(R.CRASHED, f"the candidate's process {outcome.exit_description} while {what} it")],
             seconds=outcome.seconds,
             log=outcome.log,
+            isolation=outcome.isolation,
         )
 
-    def _child(self, item: _Item, lane: _Lane) -> ChildOutcome:
-        """One evaluation process on `lane`; it holds the lane's timing lock while it times."""
+    def _child(self, item: _Item, lane: _Lane) -> Outcome:
+        """One evaluation (a judge and a candidate process) on `lane`; it holds the lane's
+        timing lock, and the machine-wide lock of the device, while it times."""
         held = False
+
+        device = DeviceLock(lane.device_id)
 
         def take_lane() -> None:
             nonlocal held
             while not lane.timing.acquire(timeout=0.25):
                 if item.cancel.is_set():
                     raise EvaluationCancelled("cancelled while waiting for the timing lane")
+            try:
+                device.acquire(item.cancel)  # and no other process times on this device
+            except InterruptedError:
+                lane.timing.release()
+                raise EvaluationCancelled("cancelled while waiting for the device") from None
             held = True
             self.metrics.lane_held(lane.index, True)
 
-        launched = time.time()
+        def release_lane() -> None:
+            nonlocal held
+            if held:
+                held = False
+                self.metrics.lane_held(lane.index, False)
+                device.release()
+                lane.timing.release()
+
+        config = item.config
         self.metrics.lane_active(lane.index, 1)
         try:
-            outcome = self._runner.run(
-                self._job("evaluate", item.task, item.code, lane, self._seed(item.config), item.config),
-                item.config.run_timeout_s,
-                on_ready=take_lane,
+            evaluation = Evaluation(
+                self._sandbox(),
+                self._sides(config, lane, self._env(item.code, lane)),
+                config,
+                item.task.code,
+                item.code,
+                self._seed(config),
+                timeout=config.timeout_seconds,
                 cancel=item.cancel,
+                take_lane=take_lane,
+                release_lane=release_lane,
             )
+            outcome = evaluation.run()
         finally:
-            if held:
-                self.metrics.lane_held(lane.index, False)
-                lane.timing.release()
+            release_lane()
             self.metrics.lane_active(lane.index, -1)
         answer = outcome.answer
-        if answer is not None and "entered_at" in answer:
-            start = max(0.0, float(answer["entered_at"]) - launched)
-            item.stages["process_start"] = item.stages.get("process_start", 0.0) + start
+        if answer is not None:
+            for stage, seconds in answer.get("stages", {}).items():
+                item.stages[stage] = item.stages.get(stage, 0.0) + float(seconds)
         return outcome
 
     def _run_evaluation(self, item: _Item, lane: _Lane) -> EvaluationResult:
@@ -488,8 +556,6 @@ class Evaluator:
         answer = outcome.answer
         if answer is None or answer.get("status") not in ("ok", "reference-error"):
             return self._failure(outcome, item, lane, "evaluating")
-        for stage, seconds in answer.get("stages", {}).items():
-            item.stages[stage] = item.stages.get(stage, 0.0) + float(seconds)
         if answer["status"] == "reference-error":
             detail = f"the task's own reference fails: {answer['error']}; fix the task, not the candidate"
             return self._result(
@@ -499,6 +565,7 @@ class Evaluator:
                 [R.reason(R.REFERENCE_ERROR, detail)],
                 seconds=outcome.seconds,
                 log=outcome.log,
+                isolation=outcome.isolation,
             )
         reasons = list(answer["reasons"])
         verdict = answer["verdict"]
@@ -557,6 +624,7 @@ class Evaluator:
             speedup_ci=(float(interval[0]), float(interval[1])) if interval else None,
             max_abs_error=answer.get("max_abs_error"),
             settings=answer.get("settings") or {},
+            isolation=outcome.isolation,
         )
 
     @staticmethod
@@ -565,25 +633,49 @@ class Evaluator:
         return threshold is not None and speedup >= threshold
 
     def _build(self, item: _Item, lane: _Lane) -> EvaluationResult | None:
-        """Compile a C++/CUDA candidate on the CPU side; a result only when it fails. The limit
-        is CPU time (the build's own, compilers included), with a wall-time ceiling of three
-        times that for a build that waits on something other than the CPU."""
+        """Compile a C++/CUDA candidate on the CPU side, walled in like any candidate but able to
+        write its own build directory; a result only when it fails. The limit is CPU time (the
+        build's own, compilers included), with a wall-time ceiling of three times that for a
+        build that waits on something other than the CPU."""
         config = item.config
-        job = self._job("build", item.task, item.code, lane, 0, config)
+        build_dir = self._build_dir(item.code, lane)
+        build_dir.mkdir(parents=True, exist_ok=True)
         cores = os.cpu_count() or 2
         jobs = max(1, cores // max(1, self._compile_workers()))
-        job = dataclasses.replace(job, env={**job.env, "MAX_JOBS": os.environ.get("MAX_JOBS", str(jobs))})
-        outcome = self._runner.run(
-            job, 3 * config.compile_timeout_s, cpu_limit_s=config.compile_timeout_s, cancel=item.cancel
+        env = {**self._env(item.code, lane), "MAX_JOBS": os.environ.get("MAX_JOBS", str(jobs))}
+        sides = self._sides(config, lane, env)
+        walls = dataclasses.replace(sides.candidate, write=(str(build_dir),))
+        evaluation = Evaluation(
+            self._sandbox(),
+            sides,
+            config,
+            "",
+            item.code,
+            0,
+            timeout=3 * config.compile_timeout_s,
+            cancel=item.cancel,
         )
+        outcome = evaluation.build(walls, config.compile_timeout_s)
         item.stages["build"] = outcome.seconds
         answer = outcome.answer
-        if answer is None or answer.get("status") != "ok":
+        if answer is None:
             return self._failure(outcome, item, lane, "building")
-        if answer["verdict"] == "built":
+        if answer.get("built"):
             return None
+        verdict = str(answer.get("stop", "compile_error"))
+        if verdict not in ("compile_error", "runtime_error", "rejected"):
+            verdict = "rejected"
+        reasons = (
+            [str(r) for r in answer.get("reasons", [])] if isinstance(answer.get("reasons"), list) else []
+        )
         return self._result(
-            item, lane, answer["verdict"], answer["reasons"], seconds=outcome.seconds, log=outcome.log
+            item,
+            lane,
+            verdict,
+            reasons,
+            seconds=outcome.seconds,
+            log=outcome.log,
+            isolation=outcome.isolation,
         )
 
     def _compile_workers(self) -> int:
@@ -620,12 +712,12 @@ class Evaluator:
         return lanes
 
     def submit(
-        self, task: Task, code: str | Variant, config: EvalConfig | None = None
+        self, task: Task, code: str, config: EvalConfig | None = None
     ) -> concurrent.futures.Future[EvaluationResult]:
         """Queue one evaluation; the future gives its result, or raises `EvaluationCancelled`
         (cancelled or the evaluator closed) or the evaluator's own failure."""
         lanes = self._start()
-        text = code.code if isinstance(code, Variant) else code
+        text = code
         item = _Item(task, text, config or self.config, concurrent.futures.Future())
         item.future.set_running_or_notify_cancel()
         try:
@@ -728,22 +820,26 @@ class Evaluator:
 
     def evaluate_batch(
         self,
-        items: Sequence[tuple[Task, str | Variant]],
+        items: Sequence[tuple[Task, str]],
         cache: ResultCache | None = None,
-        progress: bool = True,
+        progress: bool = False,
         stop: Callable[[float], bool] | None = None,
+        slow: Callable[[Task, str, float], None] | None = None,
     ) -> list[EvaluationResult]:
         """Judge many candidates over all devices of this evaluator; results in input order.
 
         Cached results are reused; every new result is put into `cache` as soon as it exists,
-        except those whose task reference failed (`reference-error`): the task is at fault.
+        except those whose task reference failed (`reference-error`) and those that are not
+        final (`EvaluationResult.final`: a timing another evaluation disturbed, a failed judge).
         `stop(seconds)`, asked a few times a second with the seconds the evaluations now running
         have spent so far, ends the batch when it answers True: nothing new starts, what runs
         is killed, and `BatchCancelled` carries the results that did finish (the cancelled ones
-        are not cached, so they run again next time).
+        are not cached, so they run again next time). `slow(task, variant_hash, seconds)` names
+        an evaluation that has run for `SLOW_AFTER_S`, and again every `SLOW_AFTER_S` after; the
+        progress bar names it too.
         """
         self._start()
-        pairs = [(task, code.code if isinstance(code, Variant) else code) for task, code in items]
+        pairs = list(items)
         keys = [self.key_for(task, code) for task, code in pairs]
         unique: dict[ResultKey, tuple[Task, str]] = {}
         for key, pair in zip(keys, pairs, strict=True):
@@ -765,6 +861,8 @@ class Evaluator:
         )
         futures: dict[concurrent.futures.Future[EvaluationResult], ResultKey] = {}
         started_at: dict[concurrent.futures.Future[EvaluationResult], float] = {}
+        running_since: dict[concurrent.futures.Future[EvaluationResult], float] = {}
+        reported: dict[concurrent.futures.Future[EvaluationResult], float] = {}
         error: BaseException | None = None
         stopped = False
         try:
@@ -788,12 +886,27 @@ class Evaluator:
                     counts[str(result.verdict)] += 1
                     bar.update(1)
                     bar.set_postfix({k: v for k, v in sorted(counts.items())}, refresh=False)
-                    if cache is not None and R.REFERENCE_ERROR not in R.codes(result.reasons):
+                    if (
+                        cache is not None
+                        and result.final
+                        and R.REFERENCE_ERROR not in R.codes(result.reasons)
+                    ):
                         cache.put(result)
                 if error is not None and not isinstance(error, EvaluationCancelled):
                     break
+                now = time.monotonic()
+                for future in pending:
+                    if self.state(future) != "running":
+                        continue
+                    since = running_since.setdefault(future, now)
+                    if now - since >= reported.get(future, 0.0) + SLOW_AFTER_S:
+                        reported[future] = now - since
+                        task, code = unique[futures[future]]
+                        text = f"{task.name} {source_hash(code)[:12]} running {now - since:.0f} s"
+                        bar.set_postfix_str(text)
+                        if slow is not None:
+                            slow(task, source_hash(code), now - since)
                 if stop is not None and pending:
-                    now = time.monotonic()
                     running = [f for f in pending if f.running()]
                     for future in running:
                         started_at.setdefault(future, now)
@@ -828,17 +941,27 @@ class Evaluator:
     def baselines_detail(self, task: Task) -> tuple[dict[str, Timing], dict[str, str]]:
         """`baselines` plus why each missing mode is missing."""
         lane = self._probe_lanes()[0]
-        job = self._job("baselines", task, "", lane, self._seed(self.config), self.config)
-        timeout = max(self.config.run_timeout_s, 120.0) * 2
+        timeout = max(self.config.timeout_seconds, 120.0) * 2
+        message = {
+            "op": "baselines",
+            "config": self.config.model_dump(mode="json"),
+            "reference": task.code,
+            "seed": self._seed(self.config),
+        }
+        device = DeviceLock(lane.device_id)
         with lane.timing:  # baselines time on the device too: never beside a candidate's timing
+            device.acquire()
             self.metrics.lane_held(lane.index, True)
             try:
-                outcome = self._runner.run(job, timeout)
+                outcome = self._judge_job(message, lane, timeout)
             finally:
                 self.metrics.lane_held(lane.index, False)
+                device.release()
         answer = outcome.answer
+        if answer is not None and "reference_error" in answer:
+            answer = {"status": "reference-error", "error": answer["reference_error"]}
         if answer is None or answer.get("status") not in ("ok", "reference-error"):
-            why = "timed out" if outcome.timed_out else outcome.exit_description
+            why = "timed out" if outcome.timed_out else outcome.exit_description or str(answer)[:2000]
             raise RuntimeError(
                 f"timing the baselines of {task.name!r} failed: the process {why}\n{outcome.log[-2000:]}"
             )
@@ -846,6 +969,19 @@ class Evaluator:
             raise TaskError(f"the reference of task {task.name!r} fails on its own: {answer['error']}")
         timings = {mode: timing_from(samples) for mode, samples in answer["samples"].items() if samples}
         return timings, dict(answer.get("unavailable", {}))
+
+
+_PROCESSES = 512  # tasks (threads count) a candidate may add, where RLIMIT_NPROC is the process limit
+
+
+def _half_memory() -> int:
+    """Half of the machine's memory: the default memory limit of a candidate."""
+    try:
+        pages = os.sysconf("SC_PHYS_PAGES")
+        size = os.sysconf("SC_PAGE_SIZE")
+        return max(1 << 30, pages * size // 2)
+    except (ValueError, OSError):
+        return 16 << 30
 
 
 def median_speedup(results: Iterable[EvaluationResult]) -> float | None:

@@ -242,6 +242,10 @@ def snapshot_identities() -> Identity:
         module = sys.modules.get(name)
         if module is not None:
             take(name, module)
+            # And the classes it defines: `Channel.send = forged` rebinds no module global.
+            for key, value in list(vars(module).items()):
+                if isinstance(value, type) and value.__module__ == name:
+                    take(f"{name}.{key}", value)
     return found
 
 

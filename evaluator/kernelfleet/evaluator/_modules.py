@@ -13,6 +13,8 @@ import sys
 import types
 from pathlib import Path
 
+from kernelfleet.core.tasks import source_encoding
+
 
 def module_file(directory: Path, stem: str) -> Path:
     """A fresh, unique path for a module file; the name is unguessable by other code."""
@@ -20,8 +22,15 @@ def module_file(directory: Path, stem: str) -> Path:
 
 
 def load_module_at(source: str, path: Path) -> types.ModuleType:
-    """Write `source` to `path` and import it as the module named after the file."""
-    path.write_text(source, encoding="utf-8")
+    """Write `source` to `path` and import it as the module named after the file.
+
+    The file is written in the encoding the source declares (PEP 263; UTF-8 without a
+    declaration), so that a latin-1 task with its coding line imports as it was read.
+    """
+    try:
+        path.write_bytes(source.encode(source_encoding(source)))
+    except (LookupError, UnicodeEncodeError):
+        path.write_text(source, encoding="utf-8")  # Python itself will say what is wrong
     name = path.stem
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:

@@ -180,10 +180,14 @@ def fallback_ops(reference: OpTrace, candidate: OpTrace) -> tuple[set[str], bool
     """The reference's heavy operators (all of its compute operators when it has no heavy one)
     that the candidate dispatches too, and whether the candidate dispatches every compute
     operator of the reference (it is the reference again)."""
-    ref_compute = reference.compute_ops
+    return fallback_sets(reference.compute_ops, candidate.compute_ops)
+
+
+def fallback_sets(ref_compute: set[str], cand_compute: set[str]) -> tuple[set[str], bool]:
+    """`fallback_ops` on the compute operators of each side (as the two processes report them)."""
     heavy = {op for op in ref_compute if is_heavy(op)} or ref_compute
-    overlap = heavy & candidate.compute_ops
-    whole = bool(ref_compute) and ref_compute <= candidate.compute_ops
+    overlap = heavy & cand_compute
+    whole = bool(ref_compute) and ref_compute <= cand_compute
     return overlap, whole
 
 

@@ -50,7 +50,7 @@ REQUEST_OPTIONS = frozenset(
         "float64_reference",
         "seed",
         "timing",
-        "run_timeout_s",
+        "timeout_seconds",
         "speedup_recheck",
         "timing_precision",
     }

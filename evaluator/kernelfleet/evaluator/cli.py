@@ -2,7 +2,9 @@
 
     kernelfleet eval --reference REF.py --candidate CAND.py [--device cpu|cuda|cuda:N]
                      [--profile strict|strict-tf32|kernelbench-v0] [--trials N] [--json]
+                     [--timeout S] [--memory-limit SIZE] [--min-isolation LEVEL]
     kernelfleet eval serve [--host H] [--port P] [--token-file F] [--device D] [--max-queue N]
+    kernelfleet eval isolation [--min-isolation LEVEL]
 
 The exit status is 0 whenever an evaluation completed, whatever the verdict, and 2 for bad
 usage or an unreadable file (or a reference that fails on its own), with a message that says
@@ -24,8 +26,8 @@ from kernelfleet.core import reasons as R
 from kernelfleet.core.errors import UsageError
 from kernelfleet.core.models import EvaluationResult, Task
 from kernelfleet.core.options import Flag, ModelOptions
-from kernelfleet.core.settings import EvaluationSettings
-from kernelfleet.core.tasks import missing_task_names
+from kernelfleet.core.settings import ISOLATION_LEVELS, EvaluationSettings, isolation_rank
+from kernelfleet.core.tasks import missing_task_names, read_source
 from kernelfleet.evaluator._config import BASELINE_MODES, EvalConfig
 from kernelfleet.evaluator._evaluator import Evaluator
 
@@ -34,14 +36,18 @@ from kernelfleet.evaluator._evaluator import Evaluator
 _SHARED_FLAGS = (
     Flag("device", default_text="cuda if available, else cpu", metavar="DEVICE"),
     Flag("timing_trials", ("--timing-trials", "--trials"), metavar="N"),
+    Flag("timeout_seconds", ("--timeout",), metavar="S"),
+    Flag("memory_limit", metavar="SIZE"),
+    Flag("min_isolation", metavar="LEVEL"),
+    Flag("isolation", metavar="LEVEL"),
 )
 EVAL_OPTIONS = ModelOptions(
     EvalConfig,
     *_SHARED_FLAGS,
-    only=["device", *EvaluationSettings.model_fields, "float64_reference", "seed"],
+    only=["device", *EvaluationSettings.model_fields, "isolation", "float64_reference", "seed"],
 )
 SERVE_OPTIONS = ModelOptions(
-    EvalConfig, *_SHARED_FLAGS, only=["device", *EvaluationSettings.model_fields, "lane_slots"]
+    EvalConfig, *_SHARED_FLAGS, only=["device", *EvaluationSettings.model_fields, "isolation", "lane_slots"]
 )
 
 
@@ -57,7 +63,6 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     parser.add_argument("--reference", metavar="REF.py", help="task file: Model, get_inputs, ...")
     parser.add_argument("--candidate", metavar="CAND.py", help="candidate file defining ModelNew")
     EVAL_OPTIONS.add_to(parser)
-    parser.add_argument("--timeout", type=float, default=None, metavar="S", help="per-process limit (300 s)")
     parser.add_argument("--baselines", action="store_true", help="also time eager, torch.compile, CUDA graph")
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     parser.set_defaults(handler=run)
@@ -77,12 +82,35 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     )
     serve.add_argument("--max-queue", type=int, default=64, metavar="N", help="open evaluations (64)")
     SERVE_OPTIONS.add_to(serve)
-    serve.add_argument("--timeout", type=float, default=None, metavar="S", help="per-process limit")
     serve.set_defaults(handler=run_serve)
+    isolation = actions.add_parser(
+        "isolation",
+        help="how well this machine can wall candidates in",
+        description="Detect bubblewrap, Landlock and seccomp, and print the isolation level candidates "
+        "will run at (docs/sandbox.md). Exit status 1 when it is below --min-isolation.",
+    )
+    isolation.add_argument("--min-isolation", default=None, choices=ISOLATION_LEVELS, metavar="LEVEL")
+    isolation.set_defaults(handler=run_isolation)
+
+
+def run_isolation(args: argparse.Namespace) -> int:
+    from kernelfleet.evaluator._sandbox import detect
+
+    report = detect()
+    print(report.describe())
+    if args.min_isolation and isolation_rank(report.level) < isolation_rank(args.min_isolation):
+        print(f"{report.level} is below the required {args.min_isolation}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _read(path_text: str, what: str) -> str:
     path = Path(path_text)
+    if what != "token":  # Python source: decoded as Python decodes it (PEP 263)
+        try:
+            return read_source(path)
+        except UsageError as error:
+            raise UsageError(f"cannot read the {what} file: {error}") from None
     try:
         return path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
@@ -98,11 +126,8 @@ def _default_device() -> str:
 def _config(args: argparse.Namespace, options: ModelOptions[EvalConfig]) -> EvalConfig:
     values: dict[str, Any] = options.given(args)
     values.setdefault("device", _default_device())
-    if args.timeout is not None:
-        if not args.timeout > 0 or args.timeout == float("inf"):
-            raise UsageError(f"--timeout {args.timeout}: give a positive number of seconds")
-        values["run_timeout_s"] = args.timeout
-        values["compile_timeout_s"] = max(args.timeout, 60.0)
+    if "timeout_seconds" in values:  # a build may take as long, and at least a minute
+        values["compile_timeout_s"] = max(float(values["timeout_seconds"]), 60.0)
     return options.build_from(values)
 
 
@@ -143,6 +168,7 @@ def _table(result: EvaluationResult, reference: str, candidate: str) -> str:
     if result.max_abs_error is not None:
         rows.append(("max abs error", f"{result.max_abs_error:.3g}"))
     rows.append(("profile", result.profile))
+    rows.append(("isolation", result.isolation or "-"))
     rows.append(
         ("device", f"{env.device} ({env.gpu_class}), torch {env.torch}, evaluator {env.evaluator_version}")
     )
@@ -232,7 +258,15 @@ def run(args: argparse.Namespace) -> int:
                 f"evaluating {args.candidate} against {args.reference} on {config.device} ...",
                 file=sys.stderr,
             )
-        result = evaluator.evaluate(task, candidate)
+
+        def slow(_: Task, __: str, seconds: float) -> None:
+            print(
+                f"still evaluating {args.candidate} after {seconds:.0f} s (it is killed at "
+                f"{config.timeout_seconds:g} s, --timeout)",
+                file=sys.stderr,
+            )
+
+        result = evaluator.evaluate_batch([(task, candidate)], progress=False, slow=slow)[0]
         if R.REFERENCE_ERROR in R.codes(result.reasons):
             raise UsageError(f"the reference {args.reference} fails on its own: {result.reasons[0]}")
         baselines: dict[str, Any] | None = None

@@ -23,11 +23,14 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from kernelfleet.core.models import EvaluationResult, Task, TaskSummary
-from kernelfleet.core.store import NotFound, Store
+from kernelfleet.core.models import Task, TaskSummary
+from kernelfleet.core.store import CorruptObject, NotFound, OnCorrupt, Store
+
+M = TypeVar("M", bound=BaseModel)
 
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 ANSWER_LIMIT = 64_000
@@ -118,46 +121,71 @@ def read_task(data: dict[str, object]) -> Task:
     return Task.model_validate({key: value for key, value in data.items() if key != "hash"})
 
 
-def read_model(store: Store, key: str, model: type[BaseModel]) -> BaseModel | None:
+def _skip(on_corrupt: OnCorrupt | None, error: CorruptObject) -> None:
+    if on_corrupt is None:
+        raise error
+    on_corrupt(error)
+
+
+def read_model(store: Store, key: str, model: type[M], on_corrupt: OnCorrupt | None = None) -> M | None:
+    """The object at `key`, or None when there is none (or it is corrupt and `on_corrupt`,
+    told of it, lets the reader carry on without it)."""
     try:
-        return model.model_validate(store.get_json(key))
+        return store.read_model(key, model)
     except NotFound:
+        return None
+    except CorruptObject as error:
+        _skip(on_corrupt, error)
         return None
 
 
-def load_tasks_of_run(store: Store, layout: RunLayout) -> list[Task]:
+def load_tasks_of_run(store: Store, layout: RunLayout, on_corrupt: OnCorrupt | None = None) -> list[Task]:
     """Every task stored under the run, in the manifest's order when there is one."""
     tasks: dict[str, Task] = {}
     for key in store.list(f"{layout.prefix}/tasks/"):
         if key.endswith("/task.json") and key.count("/") == layout.prefix.count("/") + 3:
-            task = read_task(store.get_json(key))
+            try:
+                task = read_task(store.get_json(key))
+            except CorruptObject as error:
+                _skip(on_corrupt, error)
+                continue
+            except ValidationError as error:
+                _skip(
+                    on_corrupt,
+                    CorruptObject(f"object {store.url_for(key)} is not a valid task: {error}", key),
+                )
+                continue
             tasks[task.hash] = task
-    manifest = read_model(store, layout.manifest, RunManifest)
-    if isinstance(manifest, RunManifest):
+    manifest = read_model(store, layout.manifest, RunManifest, on_corrupt)
+    if manifest is not None:
         order = {task_hash: position for position, task_hash in enumerate(manifest.tasks)}
         return sorted(tasks.values(), key=lambda task: (order.get(task.hash, len(order)), task.name))
     return sorted(tasks.values(), key=lambda task: task.name)
 
 
-def latest_summaries(store: Store, layout: RunLayout, task_hash: str) -> dict[str, TaskSummary]:
+def latest_summaries(
+    store: Store, layout: RunLayout, task_hash: str, on_corrupt: OnCorrupt | None = None
+) -> dict[str, TaskSummary]:
     """The newest summary of the task per GPU class."""
     found: dict[str, TaskSummary] = {}
     for key in store.list(f"{layout.task_root(task_hash)}/"):
         name = key.rsplit("/", 1)[-1]
         if not (name.startswith("summary-") and name.endswith(".json")):
             continue
-        summary = TaskSummary.model_validate(store.get_json(key))
+        summary = read_model(store, key, TaskSummary, on_corrupt)
+        if summary is None:
+            continue
         current = found.get(summary.gpu_class)
         if current is None or summary.finished_at > current.finished_at:
             found[summary.gpu_class] = summary
     return found
 
 
-def iter_samples(store: Store, layout: RunLayout, task_hash: str, gpu_class: str) -> Iterator[SampleRecord]:
+def iter_samples(
+    store: Store, layout: RunLayout, task_hash: str, gpu_class: str, on_corrupt: OnCorrupt | None = None
+) -> Iterator[SampleRecord]:
     for key in store.list(f"{layout.gpu_root(task_hash, gpu_class)}/samples/"):
         if key.endswith(".json"):
-            yield SampleRecord.model_validate(store.get_json(key))
-
-
-def results_of_run(store: Store, layout: RunLayout) -> list[EvaluationResult]:
-    return list(store.list_results(layout.prefix))
+            record = read_model(store, key, SampleRecord, on_corrupt)
+            if record is not None:
+                yield record

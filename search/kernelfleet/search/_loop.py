@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import random
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -32,7 +33,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kernelfleet.core.errors import EvaluationCancelled, UsageError
 from kernelfleet.core.models import (
@@ -45,13 +46,15 @@ from kernelfleet.core.models import (
     Verdict,
 )
 from kernelfleet.core.settings import Budget
-from kernelfleet.core.store import NotFound, ObjectConflict, Store
+from kernelfleet.core.store import CorruptObject, NotFound, ObjectConflict, ResultConflict, RunLease, Store
 from kernelfleet.search._database import Entry, VariantDatabase
-from kernelfleet.search._layout import ANSWER_LIMIT, RunLayout, SampleRecord, task_object
+from kernelfleet.search._layout import ANSWER_LIMIT, RunLayout, SampleRecord, read_model, task_object
 from kernelfleet.search._progress import Progress, QuietProgress
 from kernelfleet.search._prompts import Exemplar
 from kernelfleet.search.policies._base import Policy, Proposal, Request
 from kernelfleet.search.policies._compile import COMPILE_DEFAULT
+
+log = logging.getLogger(__name__)
 
 
 class EvaluatorLike(Protocol):
@@ -63,8 +66,9 @@ class EvaluatorLike(Protocol):
         self,
         items: list[tuple[Task, str]],
         cache: Any = None,
-        progress: bool = True,
+        progress: bool = False,
         stop: Callable[[float], bool] | None = None,
+        slow: Callable[[Task, str, float], None] | None = None,
     ) -> list[EvaluationResult]: ...
 
     def baselines(self, task: Task) -> dict[str, Timing]: ...
@@ -100,6 +104,20 @@ class LoopSettings(BaseModel):
     )
     measure_baselines: bool = Field(default=True, description="Measure eager and torch.compile per task.")
     seed: int = Field(default=0, description="Seeds the exemplar choice and the policies' sampling.")
+    lease_wait_seconds: float = Field(
+        default=0.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="When another process works on the run (it holds the run's lease), wait this long "
+        "for it before giving up; two processes on one run would measure each other.",
+    )
+    lease_ttl_seconds: float = Field(
+        default=120.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="How long the run's lease outlives its last renewal (a killed process's lease "
+        "expires after this).",
+    )
 
 
 @dataclass
@@ -171,6 +189,7 @@ class OptimizationLoop:
         budget: Budget | None = None,
         settings: LoopSettings | None = None,
         progress: Progress | None = None,
+        lease_scope: str = "",
     ) -> None:
         if not policies:
             raise UsageError("the loop needs at least one policy")
@@ -193,6 +212,12 @@ class OptimizationLoop:
         self._gpu_used = 0.0
         self._started = 0.0
         self._stop: str | None = None
+        self._lease: RunLease | None = None
+        # The lease guards the run as a whole unless the caller owns only a part of it: the
+        # worker pods of one job share the job's run, each with tasks of its own.
+        self.lease_prefix = (
+            f"{self.layout.prefix}/{lease_scope.strip('/')}" if lease_scope else self.layout.prefix
+        )
 
     # ------------------------------------------------------------------ the run
 
@@ -200,8 +225,23 @@ class OptimizationLoop:
         """Optimise `tasks` until the budget ends; one summary per task, in the given order.
 
         Each call starts from the store alone, so calling it once per task gives every task the
-        whole budget.
+        whole budget. The run's lease is held throughout: a second process on the same run
+        waits for it (`LoopSettings.lease_wait_seconds`) or stops with `LeaseHeld`.
         """
+        lease = RunLease(
+            self.store,
+            self.lease_prefix,
+            ttl_s=self.settings.lease_ttl_seconds,
+            wait_s=self.settings.lease_wait_seconds,
+        )
+        with lease:
+            self._lease = lease
+            try:
+                return self._run(tasks)
+            finally:
+                self._lease = None
+
+    def _run(self, tasks: Iterable[Task]) -> list[TaskSummary]:
         self._started = time.monotonic()
         self._stop = None
         self._states = {}
@@ -214,13 +254,23 @@ class OptimizationLoop:
                     task, VariantDatabase(task.hash, self.gpu_class, self.settings.bucket_width)
                 )
                 ordered.append(task)
-                self.store.put_json(self.layout.task(task.hash), task_object(task))
+                try:
+                    self.store.put_json(self.layout.task(task.hash), task_object(task))
+                except ObjectConflict as error:
+                    # A damaged copy of this task's object: the task itself is in hand.
+                    self.progress.message(f"{task.name}: {error}; carrying on")
         self._load_results()
+        unsettled = self._provisional_tasks()
         for state in self._states.values():
             summary = self._stored_summary(state)
             # A search cut short by this call's wall time continues when the call is repeated;
-            # every other ending is final for this budget.
-            if summary is not None and summary.stop_reason != "wall-time":
+            # so does one that left results to measure again (provisional: a timing that did
+            # not settle); every other ending is final for this budget.
+            if (
+                summary is not None
+                and summary.stop_reason != "wall-time"
+                and state.task.hash[:16] not in unsettled
+            ):
                 state.summary = summary
                 self.progress.task_finished(summary, resumed=True)
         try:
@@ -270,17 +320,42 @@ class OptimizationLoop:
 
     def _load_results(self) -> None:
         """Every result the run already has for this GPU class and evaluator version."""
-        for result in self.store.list_results(self.layout.prefix):
+        for result in self.store.list_results(self.layout.prefix, on_corrupt=self._corrupt):
             key = result.key
             ours = key.gpu_class == self.gpu_class and key.evaluator_version == self.evaluator_version
             if ours and result.task_hash in self._states and key not in self._known:
                 self._known[key] = result
                 self._gpu_used += result.seconds
 
+    def _corrupt(self, error: CorruptObject) -> None:
+        """A stored object that cannot be read: name it and carry on without it (what it held
+        is measured or asked again, and the new object goes under a new key where needed)."""
+        log.warning("%s", error)
+        self.progress.message(f"skipped: {error}")
+
+    def _provisional_tasks(self) -> set[str]:
+        """Tasks (by the 16 characters of their hash in keys) with a provisional result on this GPU
+        class and evaluator version that no final result has replaced yet."""
+        known = {(k.task_hash[:16], k.variant_hash) for k in self._known}
+        found: set[str] = set()
+        base = f"{self.layout.prefix}/provisional/results/"
+        for key in self.store.list(base):
+            parts = key[len(base) :].split("/")
+            if len(parts) != 4 or parts[1] != self.gpu_class or parts[2] != self.evaluator_version:
+                continue
+            variant = parts[3].rsplit("-", 1)[0]
+            if (parts[0], variant) not in known:
+                found.add(parts[0])
+        return found
+
     def _stored_summary(self, state: _TaskState) -> TaskSummary | None:
         """The newest summary this budget wrote for the task, if any."""
         prefix = self.layout.summary_prefix(state.task.hash, self.gpu_class, self._summary_fingerprint())
-        found = [TaskSummary.model_validate(self.store.get_json(key)) for key in self.store.list(prefix)]
+        found = [
+            summary
+            for key in self.store.list(prefix)
+            if (summary := read_model(self.store, key, TaskSummary, self._corrupt)) is not None
+        ]
         return max(found, key=lambda summary: summary.finished_at) if found else None
 
     def _summary_fingerprint(self) -> str:
@@ -357,7 +432,9 @@ class OptimizationLoop:
         found = {}
         for key in self.store.list(self.layout.samples(state.task.hash, self.gpu_class, round_)):
             if key.endswith(".json"):
-                record = SampleRecord.model_validate(self.store.get_json(key))
+                record = read_model(self.store, key, SampleRecord, self._corrupt)
+                if record is None:
+                    continue
                 found[key] = record
                 state.note(record)
         return found
@@ -389,14 +466,20 @@ class OptimizationLoop:
         try:
             self.store.put_json(key, record)
         except ObjectConflict:
-            # Another worker wrote this sample first: theirs stands.
-            return SampleRecord.model_validate(self.store.get_json(key))
+            # Another worker wrote this sample first: theirs stands (unless it is corrupt:
+            # then ours is used, in memory only).
+            return read_model(self.store, key, SampleRecord, self._corrupt) or record
         return record
 
-    def _code(self, variant_hash: str) -> str:
+    def _code(self, variant_hash: str) -> str | None:
+        """The variant's code; None when its stored copy is corrupt (reported)."""
         code = self._codes.get(variant_hash)
         if code is None:
-            code = self.store.get_variant(variant_hash)
+            try:
+                code = self.store.get_variant(variant_hash)
+            except CorruptObject as error:
+                self._corrupt(error)
+                return None
             self._codes[variant_hash] = code
         return code
 
@@ -425,16 +508,24 @@ class OptimizationLoop:
             self._stop = self._stop or self._budget_stop()
             if self._stop:
                 break
-            chunk = [
-                (state, variant) for state, variant in todo[start : start + size] if not state.task_error
+            # A variant whose stored code is corrupt (reported) cannot be evaluated.
+            coded = [
+                (state, variant, code)
+                for state, variant in todo[start : start + size]
+                if not state.task_error and (code := self._code(variant)) is not None
             ]
+            chunk = [(state, variant) for state, variant, _ in coded]
             if not chunk:
                 continue
-            items = [(state.task, self._code(variant_hash)) for state, variant_hash in chunk]
+            items = [(state.task, code) for state, _, code in coded]
             limited = self.budget.wall_time_seconds is not None or self.budget.gpu_seconds is not None
             try:
                 results: Sequence[EvaluationResult | None] = self.evaluator.evaluate_batch(
-                    items, cache=sink, progress=False, stop=self._stop_batch if limited else None
+                    items,
+                    cache=sink,
+                    progress=False,
+                    stop=self._stop_batch if limited else None,
+                    slow=self._slow,
                 )
             except EvaluationCancelled as cancelled:
                 # The budget ended mid-batch: what finished is kept, the rest is not evaluated
@@ -454,10 +545,11 @@ class OptimizationLoop:
             if not record.variant_hash or record.variant_hash in state.db:
                 continue
             known = self._known.get(self._key(state.task.hash, record.variant_hash))
-            if known is None:
+            code = self._code(record.variant_hash) if known is not None else None
+            if known is None or code is None:
                 continue
             entry = Entry(
-                code=self._code(record.variant_hash),
+                code=code,
                 result=known,
                 policy=record.policy,
                 round=record.round,
@@ -466,6 +558,13 @@ class OptimizationLoop:
             )
             if state.db.add(entry) and entry.successful:
                 state.best_seen = max(entry.speedup or 0.0, state.best_seen or 0.0)
+
+    def _slow(self, task: Task, variant_hash: str, seconds: float) -> None:
+        """An evaluation that runs long is named, so a user sees which candidate holds the run."""
+        self.progress.message(
+            f"{task.name}: variant {variant_hash[:12]} has been evaluating for {seconds:.0f} s "
+            "(it is killed at the evaluation timeout, --timeout)"
+        )
 
     def _record_result(self, result: EvaluationResult) -> None:
         """Keep a fresh result: in the store first, then in memory. Called once per key."""
@@ -483,7 +582,19 @@ class OptimizationLoop:
                 f"the evaluator measured on {key.gpu_class}/{key.evaluator_version}, but the loop was set up "
                 f"for {self.gpu_class}/{self.evaluator_version}: pass the evaluator's own environment"
             )
-        self.store.put_result(self.layout.prefix, result)
+        if self._lease is not None:
+            self._lease.check()
+        if not result.final:
+            # A timing that never settled (another evaluation may have shared the device) or a
+            # failed judge: kept apart, never the run's word on this key; a resumed run measures
+            # it again.
+            self.store.put_provisional(self.layout.prefix, result)
+        else:
+            try:
+                self.store.put_result(self.layout.prefix, result)
+            except ResultConflict as conflict:
+                name = state.task.name if state is not None else result.task_hash[:12]
+                self.progress.message(f"{name}: {conflict}")
         self._known[key] = result
         self._gpu_used += result.seconds
         if state is not None:
@@ -531,8 +642,15 @@ class OptimizationLoop:
         # Named by the samples seen so far: a search continued after a wall-time stop writes a
         # new summary next to the old one; readers take the newest.
         key = self.layout.summary(state.task.hash, self.gpu_class, self._summary_fingerprint(), state.samples)
-        with contextlib.suppress(ObjectConflict):  # a repeated wall-time stop with nothing new
-            self.store.put_json(key, summary)
+        for attempt in range(1, 100):
+            try:
+                self.store.put_json(key, summary)
+                break
+            except ObjectConflict:
+                # The same samples summed up again (a repeated wall-time stop, or results measured
+                # again after a timing that had not settled): a new summary beside the old one;
+                # readers take the newest.
+                key = key.removesuffix(".json").rsplit("-r", 1)[0] + f"-r{attempt}.json"
         state.summary = summary
         self.progress.task_finished(summary, resumed=False)
 
@@ -556,6 +674,14 @@ class OptimizationLoop:
             return {name: Timing.model_validate(value) for name, value in stored.get("baselines", {}).items()}
         except NotFound:
             pass
+        except (CorruptObject, ValidationError, AttributeError) as error:
+            self._corrupt(
+                error
+                if isinstance(error, CorruptObject)
+                else CorruptObject(
+                    f"object {self.store.url_for(key)} holds no valid baselines ({error})", key
+                )
+            )
         if not measure:
             return {}
         try:
@@ -565,9 +691,11 @@ class OptimizationLoop:
                 f"{state.task.name}: baselines not measured ({error}); will retry on resume"
             )
             return {}
-        self.store.put_json(
-            key, {"baselines": {name: timing.model_dump(mode="json") for name, timing in measured.items()}}
-        )
+        with contextlib.suppress(ObjectConflict):  # a corrupt copy is in the way: keep these in memory
+            self.store.put_json(
+                key,
+                {"baselines": {name: timing.model_dump(mode="json") for name, timing in measured.items()}},
+            )
         return dict(measured)
 
     def _verify(
@@ -582,13 +710,13 @@ class OptimizationLoop:
             key = self.layout.verification(
                 state.task.hash, self.gpu_class, self.evaluator_version, entry.variant_hash
             )
-            try:
-                result = EvaluationResult.model_validate(self.store.get_json(key))
-            except NotFound:
+            result = read_model(self.store, key, EvaluationResult, self._corrupt)
+            if result is None:
                 if not measure:
                     return (ranked[0] if ranked else None), None
                 result = self.evaluator.evaluate(state.task, entry.code)
-                self.store.put_json(key, result)
+                with contextlib.suppress(ObjectConflict):  # only a corrupt copy can be in the way
+                    self.store.put_json(key, result)
                 self._gpu_used += result.seconds
             if result.verdict == Verdict.CORRECT:
                 # Correct again; a re-timing too noisy to give a speedup leaves the search's.
@@ -611,8 +739,10 @@ def optimize(
     budget: Budget | None = None,
     settings: LoopSettings | None = None,
     progress: Progress | None = None,
+    lease_scope: str = "",
 ) -> list[TaskSummary]:
-    """Run the contrastive loop over `tasks`; see `OptimizationLoop`."""
+    """Run the contrastive loop over `tasks`; see `OptimizationLoop`. `lease_scope`, a path below
+    the run, makes the lease cover only the part of the run this call works on."""
     loop = OptimizationLoop(
         store=store,
         prefix=prefix,
@@ -622,5 +752,6 @@ def optimize(
         budget=budget,
         settings=settings,
         progress=progress,
+        lease_scope=lease_scope,
     )
     return loop.run(tasks)

@@ -8,8 +8,8 @@ scripts, no external style sheets, so it can be attached to a ticket or opened o
 
 from __future__ import annotations
 
-import contextlib
 import html
+import logging
 import math
 import statistics
 from collections import Counter
@@ -18,14 +18,17 @@ from dataclasses import dataclass, field
 
 from kernelfleet.core.errors import UsageError
 from kernelfleet.core.models import EvaluationResult, Task, TaskSummary, Verdict
-from kernelfleet.core.store import NotFound, Store
+from kernelfleet.core.store import CorruptObject, NotFound, Store
 from kernelfleet.search._layout import (
     RunLayout,
     RunManifest,
     iter_samples,
     latest_summaries,
     load_tasks_of_run,
+    read_model,
 )
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -147,6 +150,8 @@ class RunReport:
     store_url: str
     manifest: RunManifest | None
     outcomes: tuple[TaskOutcome, ...]
+    # Objects that could not be read (corrupt), by message: the report is made without them.
+    skipped: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -184,16 +189,24 @@ def resolve_run(store: Store, run: str) -> str:
 
 
 def load_run(store: Store, prefix: str, with_code: bool = True) -> RunReport:
-    """Everything the table and the report show, read from the store."""
+    """Everything the table and the report show, read from the store.
+
+    A corrupt object (a result, a summary, run.json, a variant...) is left out and named in
+    `skipped`: one bad file must not make the rest of the run unreadable.
+    """
     layout = RunLayout(prefix)
-    manifest = None
-    with contextlib.suppress(NotFound):
-        manifest = RunManifest.model_validate(store.get_json(layout.manifest))
+    skipped: dict[str, str] = {}
+
+    def skip(error: CorruptObject) -> None:
+        log.warning("%s", error)
+        skipped.setdefault(error.key, str(error))
+
+    manifest = read_model(store, layout.manifest, RunManifest, skip)
     results_by_task: dict[tuple[str, str], list[EvaluationResult]] = {}
-    for result in store.list_results(layout.prefix):
+    for result in store.list_results(layout.prefix, on_corrupt=skip):
         results_by_task.setdefault((result.task_hash, result.environment.gpu_class), []).append(result)
-    tasks = load_tasks_of_run(store, layout)
-    summaries_by_task = {task.hash: latest_summaries(store, layout, task.hash) for task in tasks}
+    tasks = load_tasks_of_run(store, layout, skip)
+    summaries_by_task = {task.hash: latest_summaries(store, layout, task.hash, skip) for task in tasks}
     # A task not started yet is shown as pending on every device class the run has seen.
     run_classes = {gpu for (_, gpu) in results_by_task} | {
         gpu for summaries in summaries_by_task.values() for gpu in summaries
@@ -211,7 +224,7 @@ def load_run(store: Store, prefix: str, with_code: bool = True) -> RunReport:
             results = tuple(results_by_task.get((task.hash, gpu_class), ()))
             attribution: dict[str, tuple[str, str]] = {}
             if summary is None:
-                for record in iter_samples(store, layout, task.hash, gpu_class):
+                for record in iter_samples(store, layout, task.hash, gpu_class, skip):
                     if record.variant_hash and record.variant_hash not in attribution:
                         attribution[record.variant_hash] = (record.policy, record.name)
             outcome = TaskOutcome(task, gpu_class, summary, results, attribution)
@@ -222,8 +235,17 @@ def load_run(store: Store, prefix: str, with_code: bool = True) -> RunReport:
                     code = store.get_variant(best)
                 except NotFound:
                     code = None
+                except CorruptObject as error:
+                    skip(error)
+                    code = None
             outcomes.append(TaskOutcome(task, gpu_class, summary, results, attribution, code))
-    return RunReport(prefix=layout.prefix, store_url=store.url, manifest=manifest, outcomes=tuple(outcomes))
+    return RunReport(
+        prefix=layout.prefix,
+        store_url=store.url,
+        manifest=manifest,
+        outcomes=tuple(outcomes),
+        skipped=tuple(skipped.values()),
+    )
 
 
 # ---------------------------------------------------------------------- text

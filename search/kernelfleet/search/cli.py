@@ -17,50 +17,45 @@ from pathlib import Path
 from typing import Any
 
 from kernelfleet.core.errors import UsageError
+from kernelfleet.core.job_options import BUDGET_OPTIONS, EVALUATION_OPTIONS, parse_duration
 from kernelfleet.core.models import Environment, Task
 from kernelfleet.core.options import Flag, ModelOptions
-from kernelfleet.core.settings import Budget, EvaluationSettings, LocalSettings
-from kernelfleet.core.store import ObjectConflict, Store, open_store
+from kernelfleet.core.run_location import add_location_flags, store_config
+from kernelfleet.core.settings import LocalSettings
+from kernelfleet.core.store import CorruptObject, ObjectConflict, Store, open_store
 from kernelfleet.search._layout import RUN_ID, RunLayout, RunManifest
+from kernelfleet.search._locate import open_run
 from kernelfleet.search._loop import LoopSettings, optimize
 from kernelfleet.search._progress import LiveProgress, QuietProgress
 from kernelfleet.search._report import (
+    RunReport,
     format_best_code,
     format_table,
     list_runs,
     load_run,
     render_html,
-    resolve_run,
 )
 from kernelfleet.search.policies._base import Policy, PolicyError
+from kernelfleet.search.policies._replay import ReplayPolicy
 from kernelfleet.search.policies._specs import SPEC_FORMS, PolicyOptions, make_policy
 
-
-def _seconds(text: str) -> float:
-    """`90`, `90s`, `15m` or `2h`, in seconds; whether the value is allowed is the field's to say."""
-    units = {"s": 1.0, "m": 60.0, "h": 3600.0}
-    number, unit = (text[:-1], text[-1]) if text and text[-1] in units else (text, "s")
-    try:
-        return float(number) * units[unit]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a duration: write 90, 90s, 15m or 2h") from None
-
-
 # The options of `optimize`, generated from the settings models: their defaults, bounds and
-# help are the fields'. The flag names are the command line's own.
-BUDGET_OPTIONS = ModelOptions(
-    Budget,
-    Flag("samples_per_round", "--samples"),
-    Flag("wall_time_seconds", "--wall-time", parse=_seconds, metavar="DURATION"),
-    title="budget",
-)
+# help are the fields'. Budget and evaluation flags are shared with `kernelfleet submit`.
+_seconds = parse_duration
 DEVICE_OPTIONS = ModelOptions(LocalSettings)
-EVALUATION_OPTIONS = ModelOptions(EvaluationSettings)
 SEARCH_OPTIONS = ModelOptions(
     LoopSettings,
     Flag("verify_best", "--no-verify", help="skip re-verifying the best variant"),
     Flag("measure_baselines", "--no-baselines", help="skip measuring eager and torch.compile"),
-    only=["exemplars", "bucket_temperature", "seed", "verify_best", "measure_baselines"],
+    Flag("lease_wait_seconds", "--lease-wait", parse=_seconds, metavar="DURATION"),
+    only=[
+        "exemplars",
+        "bucket_temperature",
+        "seed",
+        "verify_best",
+        "measure_baselines",
+        "lease_wait_seconds",
+    ],
     title="search",
 )
 POLICY_OPTIONS = ModelOptions(
@@ -121,11 +116,13 @@ def register_results(subcommands: argparse._SubParsersAction) -> None:
     parser = subcommands.add_parser(
         "results",
         help="the results table of a run, and its best code",
-        description="Print the per-task table of RUN (an id from `kernelfleet optimize`, or a store prefix "
-        "such as optimizationjobs/NS/NAME/UID). Without RUN, list the runs in the store.",
+        description="Print the per-task table of RUN: an id from `kernelfleet optimize`, a store prefix such "
+        "as optimizationjobs/NS/NAME/UID, or a cluster resource (optimizationjob/NAME, or just NAME), whose "
+        "status says where its results are. Without RUN, list the runs in the store.",
     )
     parser.add_argument("run", nargs="?", metavar="RUN")
     _add_store(parser)
+    add_location_flags(parser)
     parser.add_argument("--code", action="store_true", help="also print the best code of every task")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.set_defaults(handler=run_results)
@@ -138,8 +135,9 @@ def register_report(subcommands: argparse._SubParsersAction) -> None:
         description="Write an HTML report of RUN: table, speedup distribution, per-task bars against the "
         "baselines, and the best code per task. One file, no external resources.",
     )
-    parser.add_argument("run", metavar="RUN")
+    parser.add_argument("run", metavar="RUN", help="a run id, a store prefix or a cluster resource (NAME)")
     _add_store(parser)
+    add_location_flags(parser)
     parser.add_argument(
         "-o",
         "--output",
@@ -176,6 +174,24 @@ def _load_tasks(selections: list[str]) -> list[Task]:
     return list(tasks.values())
 
 
+def _check_replay_rows(policies: Sequence[Policy], tasks: Sequence[Task]) -> None:
+    """Replay rows must name tasks of the run: a typo would otherwise end in "0 variants",
+    with nothing said."""
+    for policy in policies:
+        if not isinstance(policy, ReplayPolicy):
+            continue
+        stray = sorted({row.task for row in policy.rows if not any(row.matches(task) for task in tasks)})
+        if not stray:
+            continue
+        names = ", ".join(task.name for task in tasks[:10]) + (", ..." if len(tasks) > 10 else "")
+        if len(stray) == len({row.task for row in policy.rows}):
+            raise UsageError(
+                f"no row of the replay file names a task of this run: the rows name {', '.join(stray[:10])}; "
+                f"the tasks are {names}. Check the task names in the file"
+            )
+        _warn(f"replay rows for {', '.join(stray[:10])} name no task of this run (the tasks are {names})")
+
+
 def evaluator_environment(evaluator: Any) -> Environment:
     """The environment the evaluator measures in: its GPU class and version key the results."""
     environment = getattr(evaluator, "environment", None)
@@ -197,10 +213,25 @@ def write_manifest(store: Store, layout: RunLayout, manifest: RunManifest) -> No
     try:
         store.put_json(layout.manifest, manifest)
     except ObjectConflict:
+        try:
+            store.read_model(layout.manifest, RunManifest)
+        except CorruptObject as error:
+            # The run's other objects are intact and keyed by content: carry on without it.
+            _warn(f"{error}; carrying on without it")
+            return
         raise UsageError(
             f"run {manifest.run_id} already exists in {store.url} with other tasks, policies or device; "
             "choose another --run, or leave --run out to get an id derived from the inputs"
         ) from None
+
+
+def _warn(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr)
+
+
+def _warn_skipped(report: RunReport) -> None:
+    for message in report.skipped:
+        _warn(f"left out: {message}")
 
 
 def run_optimize(args: argparse.Namespace) -> int:
@@ -217,6 +248,7 @@ def run_optimize(args: argparse.Namespace) -> int:
         for spec in specs:
             policies.append(make_policy(spec, options))
         tasks = _load_tasks(args.tasks)
+        _check_replay_rows(policies, tasks)
         store = open_store(args.store)
 
         from kernelfleet.evaluator import BASELINE_MODES, EvalConfig, Evaluator
@@ -272,6 +304,7 @@ def run_optimize(args: argparse.Namespace) -> int:
         print(json.dumps([summary.model_dump(mode="json") for summary in summaries], indent=2))
         return 0
     report = load_run(store, layout.prefix, with_code=False)
+    _warn_skipped(report)
     wanted = {task.hash for task in tasks}
     outcomes = [o for o in report.outcomes if o.task.hash in wanted and o.gpu_class == environment.gpu_class]
     print(format_table(outcomes))
@@ -288,8 +321,8 @@ def run_optimize(args: argparse.Namespace) -> int:
 
 
 def run_results(args: argparse.Namespace) -> int:
-    store = open_store(args.store)
     if args.run is None:
+        store = open_store(args.store, store_config(args))
         runs = list_runs(store)
         if args.json:
             print(json.dumps(runs))
@@ -298,7 +331,9 @@ def run_results(args: argparse.Namespace) -> int:
         else:
             print(f"no runs in {store.url}; start one with `kernelfleet optimize TASKS`", file=sys.stderr)
         return 0
-    report = load_run(store, resolve_run(store, args.run), with_code=args.code or args.json)
+    store, prefix = open_run(args)
+    report = load_run(store, prefix, with_code=args.code or args.json)
+    _warn_skipped(report)
     if args.json:
         rows = []
         for outcome in report.outcomes:
@@ -327,8 +362,9 @@ def run_results(args: argparse.Namespace) -> int:
 
 
 def run_report(args: argparse.Namespace) -> int:
-    store = open_store(args.store)
-    report = load_run(store, resolve_run(store, args.run))
+    store, prefix = open_run(args)
+    report = load_run(store, prefix)
+    _warn_skipped(report)
     slug = "".join(char if char.isalnum() or char in "._-" else "-" for char in report.name)
     output = Path(args.output or f"kernelfleet-report-{slug}.html")
     try:

@@ -699,12 +699,13 @@ class ModelNew(nn.Module):
 """
 
 
-def sleeper(seconds: float, flag: str = "") -> str:
-    """An honest MATMUL_TASK candidate that sleeps `seconds` in every call (while the file
-    `flag` exists, when given): a deliberately slow candidate for budgets and cancellation."""
-    condition = f"os.path.exists({flag!r})" if flag else "True"
+def sleeper(seconds: float, until: float | None = None) -> str:
+    """An honest MATMUL_TASK candidate that sleeps `seconds` in every call (until the wall clock
+    reaches `until`, when given: a candidate's sandbox shows it no file of the test's, so the
+    clock is what both sides can see): a deliberately slow candidate for budgets and
+    cancellation."""
+    condition = f"time.time() < {until!r}" if until is not None else "True"
     return f"""
-import os
 import time
 import torch
 import torch.nn as nn

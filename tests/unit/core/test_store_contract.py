@@ -11,6 +11,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -25,11 +27,16 @@ from kernelfleet.core.store import (
     MANIFEST_NAME,
     DirManifest,
     IntegrityError,
+    LeaseHeld,
     ManifestEntry,
     NotFound,
     ObjectConflict,
+    ResultConflict,
+    RunLease,
     Store,
+    current_lease,
     open_store,
+    verify_run,
 )
 
 FAST_RETRY = RetrySettings(attempts=3, initial_backoff_s=0.05, max_backoff_s=0.2, deadline_s=10)
@@ -172,13 +179,20 @@ def test_variants_are_content_addressed_by_the_normalised_source(store: Store) -
         store.get_variant("not-a-hash")
 
 
-def test_results_are_keyed_and_the_first_one_is_kept(store: Store) -> None:
+def test_results_are_keyed_and_a_different_second_one_is_a_reported_conflict(store: Store) -> None:
     prefix = "optimizationjobs/ns/job/uid-1"
     first = make_result()
     assert store.put_result(prefix, first) is True
     assert store.put_result(prefix, first) is False
-    assert store.put_result(prefix, make_result(speedup=9.0, host="node-b")) is False
+    other = make_result(speedup=9.0, host="node-b")
+    with pytest.raises(ResultConflict, match="store verify") as raised:
+        store.put_result(prefix, other)
+    # Neither is dropped: the first stays at the key, the second beside it, and verify says so.
     assert store.get_result(prefix, first.key) == first
+    assert EvaluationResult.model_validate(store.get_json(raised.value.kept_at)) == other
+    check = verify_run(store, prefix)
+    assert not check.ok
+    assert any("two different results" in f.detail for f in check.findings)
     assert store.exists(f"{prefix}/{first.key.path()}")
     assert store.get_result(prefix, make_result(variant="w" * 64).key) is None
     second = make_result(variant="w" * 64)
@@ -322,3 +336,52 @@ def test_check_passes_on_a_working_store(store: Store) -> None:
     assert [s.name for s in steps][-4:] == ["list", "write", "read", "delete probe"]
     assert all(step.ok for step in steps), steps
     assert list(store.list()) == []  # the probe was removed
+
+
+# ---------------------------------------------------------------- run leases
+
+
+def test_a_second_process_on_a_leased_run_is_refused_by_name(store: Store) -> None:
+    first = RunLease(store, "runs/leased", ttl_s=30, owner="first")
+    with first:
+        second = RunLease(store, "runs/leased", ttl_s=30, owner="second")
+        with pytest.raises(LeaseHeld, match=r"in use by first .*--lease-wait"):
+            second.acquire()
+        held = current_lease(store, "runs/leased")
+        assert held is not None and held.owner == "first" and held.live(time.time())
+    released = current_lease(store, "runs/leased")
+    assert released is not None and released.released
+    with RunLease(store, "runs/leased", ttl_s=30, owner="second"):  # free again
+        pass
+
+
+def test_a_waiting_process_gets_the_run_when_the_holder_lets_go(store: Store) -> None:
+    first = RunLease(store, "runs/waited", ttl_s=30, owner="first").acquire()
+    threading.Timer(0.5, first.release).start()
+    with RunLease(store, "runs/waited", ttl_s=30, wait_s=60, owner="second") as second:
+        assert second.epoch > first.epoch or first.epoch == -1
+        held = current_lease(store, "runs/waited")
+        assert held is not None and held.owner == "second"
+
+
+def test_a_lease_left_by_a_killed_process_expires(store: Store) -> None:
+    abandoned = RunLease(store, "runs/abandoned", ttl_s=0.6, owner="killed")
+    abandoned.acquire()
+    abandoned._stop.set()  # as if the process died: no renewal, no release
+    time.sleep(1.0)
+    with RunLease(store, "runs/abandoned", ttl_s=30, owner="next") as taken:
+        assert taken.epoch >= 1
+
+
+def test_racing_processes_take_a_free_run_exactly_once(store: Store) -> None:
+    def take(index: int) -> RunLease | None:
+        lease = RunLease(store, "runs/raced", ttl_s=30, owner=f"p{index}")
+        try:
+            return lease.acquire()
+        except LeaseHeld:
+            return None
+
+    with ThreadPoolExecutor(4) as pool:
+        won = [lease for lease in pool.map(take, range(4)) if lease is not None]
+    assert len(won) == 1
+    won[0].release()

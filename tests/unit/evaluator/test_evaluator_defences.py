@@ -22,7 +22,10 @@ FAST: dict[str, Any] = {
     "max_speedup_cv": None,
     "speedup_recheck": None,
     "cpu_threads": 1,
-    "run_timeout_s": 120.0,
+    "timeout_seconds": 120.0,
+    # A fixed seed: the same inputs, perturbations and round order on every run, so a verdict
+    # never changes from one run to the next (the stale-memory case used to).
+    "seed": 20261201,
 }
 
 
@@ -53,7 +56,6 @@ HACKS = [
     ("lazy-subclass", C.MATMUL_TASK, C.LAZY_SUBCLASS_HACK, R.LAZY_OUTPUT, {}),
     ("meta-output", C.MATMUL_TASK, C.META_OUTPUT_HACK, R.LAZY_OUTPUT, {}),
     ("input-mutation", C.MATMUL_TASK, C.INPUT_MUTATION_HACK, R.INPUT_MUTATED, {}),
-    ("reference-patched", C.MATMUL_TASK, C.REFERENCE_PATCH_HACK, R.REFERENCE_MODIFIED, {}),
     ("fp16", C.MATMUL_TASK, C.FP16_HACK, R.PRECISION_DOWNGRADE, {"profile": "kernelbench-v0"}),
     ("fp16-strict", C.MATMUL_TASK, C.FP16_HACK, R.PRECISION_DOWNGRADE, {}),
     ("autocast", C.MATMUL_TASK, C.AUTOCAST_HACK, R.PRECISION_DOWNGRADE, {"profile": "kernelbench-v0"}),
@@ -113,6 +115,15 @@ def test_stale_memory_never_passes() -> None:
     # When the allocator hands back a block it poisoned, the reason says so by name.
     if result.verdict == Verdict.REJECTED:
         assert R.STALE_MEMORY in R.codes(result.reasons)
+
+
+def test_the_reference_is_out_of_the_candidates_reach() -> None:
+    """The hack that shrank the reference's sizes through the garbage collector finds no
+    reference to shrink: the reference lives in the judge's process, never in the candidate's.
+    What is left is an honest candidate, judged as one."""
+    result = judge(C.MATMUL_TASK, C.REFERENCE_PATCH_HACK)
+    assert_correct(result)
+    assert result.speedup is not None
 
 
 def test_kernelbench_shadowing_cannot_shrink_the_reference() -> None:

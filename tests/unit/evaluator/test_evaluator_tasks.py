@@ -11,10 +11,19 @@ from pydantic import ValidationError
 from kernelfleet.core.errors import UsageError
 from kernelfleet.core.models import Environment, EvaluationResult, Verdict
 from kernelfleet.core.tasks import parse_ids
-from kernelfleet.evaluator import EVALUATOR_VERSION, DirectoryResultCache, EvalConfig, gpu_class, load_tasks
+from kernelfleet.evaluator import (
+    EVALUATOR_VERSION,
+    DirectoryResultCache,
+    EvalConfig,
+    Evaluator,
+    gpu_class,
+    load_tasks,
+)
 from kernelfleet.evaluator import reasons as R
 from kernelfleet.evaluator._ops import builds_custom_kernel, declared_kernels, needs_native_build
 from tests.support import evaluator_cases as C
+
+FAST = {"device": "cpu", "correctness_trials": 2, "timing": False, "warmup": 1}
 
 
 def _jsonl(path: Path) -> Path:
@@ -87,8 +96,31 @@ def test_a_file_that_is_not_a_task(tmp_path: Path) -> None:
     (tmp_path / "bad.py").write_text("def (\n")
     with pytest.raises(UsageError, match="not valid Python"):
         load_tasks(tmp_path / "bad.py")
+    # In a directory, a module that is not a task is passed over, but a file that is not valid
+    # Python is most likely a task with a typo: it is named, not skipped without a word.
+    with pytest.raises(UsageError, match=r"bad.py is not valid Python .* move it out of the task directory"):
+        load_tasks(tmp_path)
+    (tmp_path / "bad.py").unlink()
     with pytest.raises(UsageError, match="no task files"):
         load_tasks(tmp_path)
+
+
+def test_a_latin1_task_with_a_coding_line_is_valid(tmp_path: Path) -> None:
+    source = "# -*- coding: latin-1 -*-\n# Gr\u00fc\u00dfe\n" + C.MATMUL_TASK.replace(
+        "class Model", 'LABEL = "caf\u00e9"\n\n\nclass Model', 1
+    )
+    path = tmp_path / "latin.py"
+    path.write_bytes(source.encode("latin-1"))
+    [task] = load_tasks(path)
+    assert 'LABEL = "caf\u00e9"' in task.code
+    # The evaluator writes it back in its declared encoding, so it imports as it was read.
+    with Evaluator(EvalConfig(**FAST)) as evaluator:
+        result = evaluator.evaluate(task, C.HONEST)
+    assert result.verdict == "correct", result.reasons
+    # Without the coding line, the same bytes are not UTF-8: the message says what to do.
+    path.write_bytes(source.split("\n", 1)[1].encode("latin-1"))
+    with pytest.raises(UsageError, match="save it as UTF-8, or declare its encoding"):
+        load_tasks(path)
 
 
 def test_parse_ids() -> None:

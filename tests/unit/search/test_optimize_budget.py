@@ -29,10 +29,9 @@ CONFIG = EvalConfig(
 
 @pytest.mark.parametrize("limit", ["wall-time", "gpu-seconds"])
 def test_a_budget_cancels_the_evaluation_in_flight_and_resume_runs_it(tmp_path: Path, limit: str) -> None:
-    flag = tmp_path / "slow"
-    flag.write_text("")
+    slow_until = time.time() + 25.0  # slow in the first run, fast once resumed after it
     task = Task(name="matmul", code=C.MATMUL_TASK)
-    slow = ReplayRow(task="matmul", code=C.sleeper(20.0, str(flag)), name="slow")
+    slow = ReplayRow(task="matmul", code=C.sleeper(20.0, slow_until), name="slow")
     store = open_store(tmp_path / "store")
     settings = LoopSettings(measure_baselines=False)
     budget = Budget(
@@ -59,7 +58,7 @@ def test_a_budget_cancels_the_evaluation_in_flight_and_resume_runs_it(tmp_path: 
     assert summary.not_evaluated == 1 and summary.variants == 0
     assert list(store.list_results("runs/budget")) == []
 
-    flag.unlink()  # the same code is fast now: the resumed run evaluates it
+    time.sleep(max(0.0, slow_until - time.time()))  # the same code is fast now: the resumed run evaluates it
     with Evaluator(CONFIG) as evaluator:
         [again] = optimize(
             [task],

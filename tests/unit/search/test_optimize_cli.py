@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -253,3 +254,128 @@ def test_the_real_evaluator_end_to_end(
     assert results[0].verdict == "correct", results[0].reasons
     assert results[0].environment.gpu_class == "cpu"
     assert "scale" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------- bad input, as a new user meets it
+
+
+def kernelfleet(*argv: str) -> int:
+    """The whole command line, root included: exit statuses and messages, never tracebacks."""
+    from kernelfleet.core.cli import main
+
+    return main(list(argv))
+
+
+OPTIMIZE = ("optimize", "tasks", "--policy", "replay:candidates.jsonl", "--quiet", "--device", "cpu")
+
+
+def test_a_store_that_is_a_regular_file_is_named(workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (workspace / "afile").write_text("not a store\n")
+    assert kernelfleet(*OPTIMIZE, "--store", "afile") == 2
+    err = capsys.readouterr().err
+    assert "is a file, not a directory" in err and "already exists" not in err
+    assert kernelfleet("store", "ls", "afile") == 2
+    assert "is a file, not a directory" in capsys.readouterr().err
+    assert kernelfleet("store", "ls", "missing-dir") == 2
+    assert "no store at" in capsys.readouterr().err
+
+
+def _read_only_store(workspace: Path) -> Path | None:
+    """A directory this process cannot write: its own, made read-only, unless it runs as root
+    (whom permissions do not stop); then a sysfs directory, which refuses everyone."""
+    if os.geteuid() != 0:
+        store = workspace / "ro-store"
+        store.mkdir()
+        store.chmod(0o555)
+        return store
+    candidate = Path("/sys/kernel")
+    try:
+        (candidate / "kernelfleet-probe").mkdir()
+    except OSError:
+        return candidate if candidate.is_dir() else None
+    return None
+
+
+def test_a_read_only_store_is_an_error_with_a_message(
+    workspace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = _read_only_store(workspace)
+    if store is None:
+        pytest.skip("no read-only directory available")
+    assert kernelfleet(*OPTIMIZE, "--store", str(store)) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "writable" in err and str(store) in err
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="permissions do not stop root")
+def test_resuming_on_a_read_only_store(workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert kernelfleet(*OPTIMIZE, "--store", "store", "--run", "ro", "--rounds", "1") == 0
+    capsys.readouterr()
+    for path in [workspace / "store", *(workspace / "store").rglob("*")]:
+        if path.is_dir():
+            path.chmod(0o555)
+    # A finished run needs no writes: it is read back and printed.
+    assert kernelfleet(*OPTIMIZE, "--store", "store", "--run", "ro", "--rounds", "1") == 0
+    # Asking for more rounds needs writes: a message, not a traceback.
+    assert kernelfleet(*OPTIMIZE, "--store", "store", "--run", "ro", "--rounds", "2") == 1
+    assert "writable" in capsys.readouterr().err
+
+
+def test_corrupt_objects_are_named_and_the_rest_is_read(
+    workspace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert kernelfleet(*OPTIMIZE, "--store", "store", "--run", "demo") == 0
+    capsys.readouterr()
+    root = workspace / "store"
+    run = root / "runs" / "demo"
+    results = sorted((run / "results").rglob("*.json"))
+    summaries = sorted(run.rglob("summary-*.json"))
+    variants = sorted((root / "variants").glob("*.py"))
+    damaged = {
+        results[0]: b"{not json",
+        summaries[0]: b'{"task_name": 3}\n',
+        run / "run.json": b"\xff\xfe garbage",
+        variants[0]: b"print('tampered')\n",
+    }
+    for path, data in damaged.items():
+        path.write_bytes(data)
+    for argv in (("results", "demo"), ("results", "demo", "--code"), ("report", "demo")):
+        assert kernelfleet(*argv, "--store", "store") == 0, argv
+        out, err = capsys.readouterr()
+        assert "Traceback" not in err
+        # Every damaged file that the command reads is named; the rest of the run is shown.
+        assert str(results[0].relative_to(root)) in err and "run.json" in err
+        assert str(summaries[0].relative_to(root)) in err
+        if argv[0] == "results":
+            assert "double" in out and "triple" in out
+    # Resuming names them too, and carries on.
+    assert kernelfleet(*OPTIMIZE, "--store", "store", "--run", "demo") == 0
+    err = capsys.readouterr().err
+    assert "run.json" in err and str(results[0].relative_to(root)) in err
+
+
+def test_a_replay_file_that_is_not_utf8_or_names_no_task(
+    workspace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (workspace / "latin.jsonl").write_bytes('{"task": "double", "code": "# caf\u00e9"}\n'.encode("latin-1"))
+    assert kernelfleet("optimize", "tasks", "--policy", "replay:latin.jsonl", "--store", "store") == 2
+    assert "is not UTF-8" in capsys.readouterr().err
+    typo = {"task": "dobule", "code": variant_code("x", 2.0)}
+    (workspace / "typo.jsonl").write_text(json.dumps(typo) + "\n")
+    assert kernelfleet("optimize", "tasks", "--policy", "replay:typo.jsonl", "--store", "store") == 2
+    err = capsys.readouterr().err
+    assert "no row of the replay file names a task of this run" in err and "dobule" in err
+    assert not (workspace / "store").exists()
+
+
+def test_bad_numbers_are_refused_by_flag(workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for argv, flag in (
+        (("--timing-trials", "2"), "--timing-trials"),
+        (("--device", "tpu"), "--device"),
+        (("--target-speedup", "nan"), "--target-speedup"),
+        (("--wall-time", "inf"), "--wall-time"),
+        (("--exemplars", "-1"), "--exemplars"),
+    ):
+        assert kernelfleet(*OPTIMIZE, "--store", "store", *argv) == 2
+        err = capsys.readouterr().err
+        assert f"argument {flag}" in err and "Traceback" not in err

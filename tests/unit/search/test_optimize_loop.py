@@ -198,7 +198,12 @@ def test_a_wall_time_stop_continues_when_repeated(store: Store, monkeypatch: pyt
 
     class TickingEvaluator(ScriptedEvaluator):
         def evaluate_batch(
-            self, items: list, cache: object = None, progress: bool = True, stop: object = None
+            self,
+            items: list,
+            cache: object = None,
+            progress: bool = True,
+            stop: object = None,
+            slow: object = None,
         ) -> list:
             clock[0] += 10.0  # each batch "takes" ten seconds
             return super().evaluate_batch(items, cache, progress)

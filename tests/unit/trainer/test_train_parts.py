@@ -12,10 +12,22 @@ import yaml
 
 from kernelfleet.core.errors import UsageError
 from kernelfleet.core.models import Environment, EvaluationResult, Verdict
-from kernelfleet.core.resources import HeldOutSpec, RewardSpec, StageType, TrainingStageStatus
+from kernelfleet.core.resources import (
+    HeldOutSpec,
+    RewardSpec,
+    StageType,
+    TrainingRunSpec,
+    TrainingStageStatus,
+)
 from kernelfleet.core.store import open_store
 from kernelfleet.core.tasks import load_tasks
-from kernelfleet.core.training import TrainingLayout, latest_checkpoint, latest_stage_status
+from kernelfleet.core.training import (
+    TrainingLayout,
+    latest_checkpoint,
+    latest_stage_status,
+    read_run_record,
+    run_record,
+)
 from kernelfleet.trainer._rewards import RewardShaper, batch_metrics
 from kernelfleet.trainer._spec import load_run_config, parse_spec
 from kernelfleet.trainer._split import split_tasks
@@ -217,6 +229,29 @@ def test_train_status_reads_the_stages_from_the_store(
     assert main(argv) == 0
     assert "step 3/10" in capsys.readouterr().out
     assert main(["train", "report", str(config_path), "--store", str(tmp_path / "store")]) == 1
+
+
+def test_train_stage_without_a_config_reads_the_spec_recorded_in_the_store(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A TrainingRun's pod gets no config file: the operator records the spec under the run's
+    prefix, and `train stage --prefix` trains exactly that."""
+    from kernelfleet.core.cli import main
+
+    store = open_store(tmp_path / "store")
+    layout = TrainingLayout("trainingruns/ns/demo/uid")
+    argv = ["train", "stage", "--store", str(tmp_path / "store"), "--prefix", layout.prefix]
+    assert main([*argv, "--stage", "sft"]) == 2
+    assert f"{store.url_for(layout.spec)} does not exist" in capsys.readouterr().err
+    spec = TrainingRunSpec.model_validate(
+        {"baseModel": "m", "tasks": [str(EXAMPLE_TASKS)], "stages": [{"name": "sft", "type": "sft"}]}
+    )
+    store.put_json(layout.spec, run_record("demo", spec))
+    assert read_run_record(store, layout) == ("demo", spec)
+    assert main([*argv, "--stage", "rl"]) == 2
+    assert "the run demo has no stage 'rl'; its stages are: sft" in capsys.readouterr().err
+    assert main(["train", "stage", "--stage", "sft"]) == 2
+    assert "--run-config CONFIG, or --prefix KEY" in capsys.readouterr().err
 
 
 def test_rewards_from_the_evaluation_service_are_cached_in_the_store(tmp_path: Path) -> None:

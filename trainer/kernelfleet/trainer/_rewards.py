@@ -35,7 +35,7 @@ from kernelfleet.core import reasons as R
 from kernelfleet.core.hashing import source_hash
 from kernelfleet.core.models import EvaluationResult, ResultKey, Task, Verdict
 from kernelfleet.core.resources import RewardSpec
-from kernelfleet.core.store import Store
+from kernelfleet.core.store import ResultConflict, Store
 from kernelfleet.search._loop import EvaluatorLike
 
 log = logging.getLogger(__name__)
@@ -72,7 +72,11 @@ class StoreResultCache:
         return stored
 
     def put(self, result: EvaluationResult) -> None:
-        self.store.put_result(self.prefix, result)
+        try:
+            self.store.put_result(self.prefix, result)
+        except ResultConflict as conflict:
+            # Kept beside the stored one; this process rewards what it measured itself.
+            log.warning("%s", conflict)
         with self._lock:
             self._memory[result.key] = result
 

@@ -23,7 +23,7 @@ from kernelfleet.core.models import Task
 from kernelfleet.core.resources import StageType
 from kernelfleet.core.store import NotFound, ObjectConflict, Store, open_store
 from kernelfleet.core.tasks import load_tasks
-from kernelfleet.core.training import TrainingLayout, stage_done
+from kernelfleet.core.training import TrainingLayout, run_record, stage_done
 from kernelfleet.trainer._context import StageContext, fetch_model
 from kernelfleet.trainer._grpo import run_grpo
 from kernelfleet.trainer._heldout import evaluate_held_out, format_report
@@ -87,7 +87,7 @@ def open_run(
     opened = store if isinstance(store, Store) else open_store(store or config.spec.store or None)
     layout = TrainingLayout(prefix or default_prefix(config))
     try:
-        opened.put_json(layout.spec, {"name": config.name, "spec": config.spec.model_dump(mode="json")})
+        opened.put_json(layout.spec, run_record(config.name, config.spec))
     except ObjectConflict:
         raise UsageError(
             f"{opened.url_for(layout.spec)} holds another spec: a changed configuration is a new run; give "
@@ -96,12 +96,7 @@ def open_run(
     tasks = load_run_tasks(config)
     split = split_tasks(tasks, config.spec.held_out)
     evaluation = config.spec.evaluation
-    settings: dict[str, Any] = {
-        "device": device or _default_device(),
-        "profile": evaluation.profile.value,
-        "correctness_trials": evaluation.correctness_trials,
-        "timing_trials": evaluation.timing_trials,
-    }
+    settings: dict[str, Any] = {**evaluation.model_dump(), "device": device or _default_device()}
     settings.update(eval_overrides or {})
     with Evaluator(EvalConfig(**settings)) as evaluator:
         ctx = StageContext(

@@ -1,7 +1,7 @@
 """`kernelfleet train`: the three training stages, locally or as one stage of a TrainingRun.
 
     kernelfleet train run CONFIG                  every stage of CONFIG in order (TrainingRun spec, YAML/JSON)
-    kernelfleet train stage --run-config CONFIG --stage NAME --prefix KEY   one stage: a Job's command
+    kernelfleet train stage [--run-config CONFIG] --stage NAME --prefix KEY   one stage: a Job's command
     kernelfleet train sft --model DIR --policy replay:FILE TASKS...          one stage from flags
     kernelfleet train self-train --model DIR TASKS...
     kernelfleet train rl --model DIR TASKS...
@@ -34,7 +34,7 @@ from kernelfleet.core.resources import (
     TrainingStage,
 )
 from kernelfleet.core.store import open_store
-from kernelfleet.core.training import TrainingLayout, latest_report, latest_stage_status
+from kernelfleet.core.training import TrainingLayout, latest_report, latest_stage_status, read_run_record
 from kernelfleet.trainer._spec import STAGE_COMMANDS, RunConfig, default_prefix, load_run_config, slug
 
 
@@ -53,8 +53,13 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     _common(run)
     run.set_defaults(handler=run_command)
 
-    stage = commands.add_parser("stage", help="one stage of a TrainingRun config (the Job's command)")
-    stage.add_argument("--run-config", required=True, metavar="CONFIG")
+    stage = commands.add_parser(
+        "stage",
+        help="one stage of a TrainingRun config (the Job's command)",
+        description="Train one stage. Without --run-config, the spec is the one the run was started "
+        "with: <prefix>/run.json in the store (what a TrainingRun's pods do; the operator writes it).",
+    )
+    stage.add_argument("--run-config", default=None, metavar="CONFIG")
     stage.add_argument("--stage", required=True, metavar="NAME")
     _common(stage)
     stage.set_defaults(handler=stage_command)
@@ -173,7 +178,16 @@ def stage_command(args: argparse.Namespace) -> int:
     from kernelfleet.trainer._runner import run_stage
 
     _logging(args)
-    config = load_run_config(args.run_config)
+    if args.run_config:
+        config = load_run_config(args.run_config)
+    else:
+        if not args.prefix:
+            raise UsageError(
+                "train stage needs --run-config CONFIG, or --prefix KEY of a run started in the store"
+            )
+        store = open_store(args.store)
+        name, spec = read_run_record(store, TrainingLayout(args.prefix))
+        config = RunConfig(name, spec, store.url_for(TrainingLayout(args.prefix).spec))
     config.stage(args.stage)
     with _open(config, args) as run:
         summary = run_stage(run, args.stage)

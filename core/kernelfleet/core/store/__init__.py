@@ -23,25 +23,51 @@ import os
 
 from kernelfleet.core.config import StoreConfig
 from kernelfleet.core.errors import StoreError
-from kernelfleet.core.store._base import CheckStep, ObjectInfo, Progress, Store, encode_json, variant_key
-from kernelfleet.core.store._errors import IntegrityError, NotFound, ObjectConflict, StoreUnavailable
+from kernelfleet.core.store._base import (
+    CheckStep,
+    ObjectInfo,
+    OnCorrupt,
+    Progress,
+    Store,
+    encode_json,
+    variant_key,
+)
+from kernelfleet.core.store._errors import (
+    CorruptObject,
+    IntegrityError,
+    NotFound,
+    ObjectConflict,
+    ResultConflict,
+    StoreUnavailable,
+)
 from kernelfleet.core.store._keys import check_key, join_key
+from kernelfleet.core.store._lease import LeaseHeld, LeaseLost, LeaseRecord, RunLease, current_lease
 from kernelfleet.core.store._local import LocalStore
 from kernelfleet.core.store._manifest import MANIFEST_NAME, DirManifest, ManifestEntry
 from kernelfleet.core.store._s3 import S3Store
 from kernelfleet.core.store._urls import StoreURL, parse_store_url
+from kernelfleet.core.store._verify import Finding, RunCheck, verify_run
 
 __all__ = [
     "MANIFEST_NAME",
     "CheckStep",
+    "CorruptObject",
     "DirManifest",
+    "Finding",
     "IntegrityError",
+    "LeaseHeld",
+    "LeaseLost",
+    "LeaseRecord",
     "LocalStore",
     "ManifestEntry",
     "NotFound",
     "ObjectConflict",
     "ObjectInfo",
+    "OnCorrupt",
     "Progress",
+    "ResultConflict",
+    "RunCheck",
+    "RunLease",
     "S3Store",
     "Store",
     "StoreConfig",
@@ -49,11 +75,13 @@ __all__ = [
     "StoreURL",
     "StoreUnavailable",
     "check_key",
+    "current_lease",
     "encode_json",
     "join_key",
     "open_store",
     "parse_store_url",
     "variant_key",
+    "verify_run",
 ]
 
 

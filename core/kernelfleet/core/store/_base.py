@@ -25,25 +25,37 @@ import socket
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from kernelfleet.core.errors import KernelfleetError, StoreError, UsageError
+from kernelfleet.core.errors import KernelfleetError, UsageError
 from kernelfleet.core.hashing import normalize_source, source_hash
 from kernelfleet.core.models import EvaluationResult, ResultKey
-from kernelfleet.core.store._errors import IntegrityError, NotFound, ObjectConflict
+from kernelfleet.core.store._errors import (
+    CorruptObject,
+    IntegrityError,
+    NotFound,
+    ObjectConflict,
+    ResultConflict,
+)
 from kernelfleet.core.store._keys import check_key, join_key
 from kernelfleet.core.store._manifest import MANIFEST_NAME, DirManifest, ManifestEntry
 
-log = logging.getLogger("kernelfleet.store")
+log = logging.getLogger(__name__)
 
 Progress = Callable[[int], None]
 """Receives byte counts as a transfer advances (negative when a retry starts a file again)."""
 
+OnCorrupt = Callable[[CorruptObject], None]
+"""Told of each corrupt object a listing skips; without one, the listing raises."""
+
 VARIANTS_PREFIX = "variants"
 RESULTS_DIR = "results"
+CONFLICTS_DIR = "conflicts"
+PROVISIONAL_DIR = "provisional"
 CHECK_PREFIX = ".kernelfleet-check"
 CHUNK = 1024 * 1024
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -181,26 +193,37 @@ class Store(abc.ABC):
         return self.put_bytes(key, encode_json(obj))
 
     def get_json(self, key: str) -> dict[str, Any]:
+        """The JSON object at `key`; NotFound if none, CorruptObject if it is not a JSON object."""
         data = self.get_bytes(key)
         try:
             value = json.loads(data.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as error:
-            raise StoreError(
+            raise CorruptObject(
                 f"object {self.url_for(key)} is not valid JSON ({error}): it was not written with "
-                "put_json, or it is corrupt"
+                "put_json, or it is corrupt",
+                key,
             ) from None
         if not isinstance(value, dict):
-            raise StoreError(f"object {self.url_for(key)} holds JSON {type(value).__name__}, not an object")
+            raise CorruptObject(
+                f"object {self.url_for(key)} holds JSON {type(value).__name__}, not an object", key
+            )
         return value
+
+    def read_model(self, key: str, model: type[M]) -> M:
+        """The object at `key` as `model`; NotFound if none, CorruptObject if it is not one."""
+        return self._model(model, key, self.get_json(key))
 
     def _model(self, model: type[M], key: str, raw: dict[str, Any]) -> M:
         try:
             return model.model_validate(raw)
         except ValidationError as error:
-            raise StoreError(
+            first = error.errors()[0]
+            where = ".".join(str(part) for part in first["loc"])
+            raise CorruptObject(
                 f"object {self.url_for(key)} is not a valid {model.__name__} ({error.error_count()} "
-                f"problems, first: {error.errors()[0]['msg']}): it was written by an incompatible "
-                "kernelfleet version, or it is corrupt"
+                f"problem(s), first: {where + ': ' if where else ''}{first['msg']}): it was written by an "
+                "incompatible kernelfleet version, or it is corrupt",
+                key,
             ) from None
 
     # ------------------------------------------------------------------ variants and results
@@ -215,18 +238,26 @@ class Store(abc.ABC):
         if not _HEX64.match(variant_hash):
             raise UsageError(f"{variant_hash!r} is not a variant hash: expected 64 lowercase hex digits")
         key = variant_key(variant_hash)
-        code = self.get_bytes(key).decode("utf-8")
+        try:
+            code = self.get_bytes(key).decode("utf-8")
+        except UnicodeDecodeError:
+            raise CorruptObject(
+                f"variant {self.url_for(key)} is not UTF-8 text: the object is corrupt", key
+            ) from None
         if source_hash(code) != variant_hash:
-            raise IntegrityError(
-                f"variant {self.url_for(key)} does not hash to its name: the object is corrupt"
+            raise CorruptObject(
+                f"variant {self.url_for(key)} does not hash to its name: the object is corrupt", key
             )
         return code
 
     def put_result(self, prefix: str, result: EvaluationResult) -> bool:
-        """Store a result at `{prefix}/{result.key.path()}`; False if one is there already.
+        """Store a result at `{prefix}/{result.key.path()}`; False if the identical one is there.
 
-        The first result for a key is kept, even if a later one differs: timings vary from
-        run to run, and a result key is measured once by design.
+        A result key is measured once by design, so a *different* result already at the key is
+        never kept silently: something other than this evaluator wrote one of the two (or a
+        run was measured twice). The new result is stored beside it under
+        `{prefix}/conflicts/...` (nothing measured is lost) and `ResultConflict` says where;
+        `kernelfleet store verify` lists every conflict of a run.
         """
         rkey = result.key
         if not (rkey.task_hash and rkey.variant_hash and rkey.gpu_class and rkey.evaluator_version):
@@ -235,25 +266,50 @@ class Store(abc.ABC):
                 f"environment.evaluator_version to be stored; got {rkey.model_dump()}"
             )
         key = join_key(prefix, rkey.path())
+        data = encode_json(result)
         try:
-            return self.put_json(key, result)
+            return self.put_bytes(key, data)
         except ObjectConflict:
-            log.info("a different result is already stored at %s; keeping the first one", self.url_for(key))
-            return False
+            digest = hashlib.sha256(data).hexdigest()[:16]
+            kept = join_key(prefix, CONFLICTS_DIR, rkey.path().removesuffix(".json") + f"-{digest}.json")
+            self.put_bytes(kept, data)
+            log.warning("a different result is already stored at %s; this one is kept at %s", key, kept)
+            raise ResultConflict(
+                f"a different result is already stored at {self.url_for(key)}; this evaluation's result "
+                f"is kept at {self.url_for(kept)}. Neither is trusted until you look: run "
+                f"`kernelfleet store verify {self.url} {prefix}`",
+                key,
+                kept,
+            ) from None
+
+    def put_provisional(self, prefix: str, result: EvaluationResult) -> str:
+        """Keep a result that is not final (`EvaluationResult.final`) apart from the run's
+        results, under a key of its own: nothing measured is lost, and a resumed run, which
+        finds no result at the key, measures again."""
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
+        key = join_key(prefix, PROVISIONAL_DIR, result.key.path().removesuffix(".json") + f"-{stamp}.json")
+        self.put_json(key, result)
+        return key
 
     def get_result(self, prefix: str, key: ResultKey) -> EvaluationResult | None:
         object_key = join_key(prefix, key.path())
         try:
-            raw = self.get_json(object_key)
+            return self.read_model(object_key, EvaluationResult)
         except NotFound:
             return None
-        return self._model(EvaluationResult, object_key, raw)
 
-    def list_results(self, prefix: str) -> Iterator[EvaluationResult]:
-        """Every result stored under `prefix`, in key order."""
+    def list_results(self, prefix: str, on_corrupt: OnCorrupt | None = None) -> Iterator[EvaluationResult]:
+        """Every result stored under `prefix`, in key order. A corrupt one raises CorruptObject,
+        or, given `on_corrupt`, is handed to it and skipped: one bad object must not make a
+        whole run unreadable."""
         for key in self.list(join_key(prefix, RESULTS_DIR) + "/"):
             if key.endswith(".json"):
-                yield self._model(EvaluationResult, key, self.get_json(key))
+                try:
+                    yield self.read_model(key, EvaluationResult)
+                except CorruptObject as error:
+                    if on_corrupt is None:
+                        raise
+                    on_corrupt(error)
 
     # ------------------------------------------------------------------ directories (checkpoints)
 

@@ -49,12 +49,22 @@ class LocalStore(Store):
     def _path(self, key: str) -> Path:
         return self._root.joinpath(*check_key(key).split("/"))
 
+    def _check_root(self) -> None:
+        """A store is a directory: a regular file in its place is the user's mistake, and must
+        not read as "an object is in the way" (or as an empty store)."""
+        if self._root.exists() and not self._root.is_dir():
+            raise UsageError(
+                f"the store {self._root} is a file, not a directory: give a directory (it is "
+                "created on the first write), a file:/// URL or an s3:// URL"
+            )
+
     # ------------------------------------------------------------------ writing
 
     def _parent(self, path: Path, key: str) -> Path:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
         except (FileExistsError, NotADirectoryError):
+            self._check_root()
             raise ObjectConflict(
                 f"cannot store {self.url_for(key)}: a part of its path is an object; in this "
                 "backend a key cannot also be the prefix of other keys"
@@ -163,6 +173,7 @@ class LocalStore(Store):
         try:
             return path.read_bytes()
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            self._check_root()
             raise NotFound(f"no object at {self.url_for(key)}") from None
         except OSError as error:
             raise StoreError(f"cannot read {self.url_for(key)}: {error.strerror or error}") from None
@@ -178,6 +189,7 @@ class LocalStore(Store):
 
     def list(self, prefix: str = "") -> Iterator[str]:
         check_prefix(prefix)
+        self._check_root()
         base_key = prefix.rpartition("/")[0]
         base = self._root.joinpath(*base_key.split("/")) if base_key else self._root
         found: list[str] = []

@@ -25,7 +25,7 @@ from minio.error import InvalidResponseError, S3Error, ServerError
 
 from kernelfleet.core.config import RetrySettings
 
-log = logging.getLogger("kernelfleet.store")
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 

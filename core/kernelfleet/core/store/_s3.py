@@ -45,7 +45,7 @@ from kernelfleet.core.store._keys import TEMP_MARK, check_key, check_prefix
 from kernelfleet.core.store._retry import GaveUp, Retrier, describe
 from kernelfleet.core.store._urls import StoreURL
 
-log = logging.getLogger("kernelfleet.store")
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 

@@ -20,13 +20,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from kernelfleet.core.errors import KernelfleetError
+from kernelfleet.core.errors import PermanentError
 from kernelfleet.core.models import Task
 from kernelfleet.search._answers import parse_answer
 from kernelfleet.search._prompts import Exemplar, build_messages
 
 
-class PolicyError(KernelfleetError):
+class PolicyError(PermanentError):
     """A policy cannot work at all (bad key, unknown model, missing package): the run stops."""
 
 

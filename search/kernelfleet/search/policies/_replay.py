@@ -90,6 +90,11 @@ class ReplayPolicy:
             raise UsageError(
                 f"cannot read the replay file {file}: {error.strerror}; check the path"
             ) from None
+        except UnicodeDecodeError as error:
+            raise UsageError(
+                f"cannot read the replay file {file}: byte {error.start} is not UTF-8 ({error.reason}); "
+                "a replay file is JSON lines, which are UTF-8 text"
+            ) from None
         rows = parse_replay_lines(text, str(file))
         if not rows:
             raise UsageError(

@@ -1,0 +1,96 @@
+"""A pod spec as a local process: command, environment, volumes and listeners translated."""
+
+from __future__ import annotations
+
+import base64
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from kernelfleet.operator.devcluster._localpod import local_command
+
+INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+OBJECTS: dict[tuple[str, str, str], Mapping[str, str]] = {
+    ("Secret", "team", "store"): {
+        "accesskey": base64.b64encode(b"AK").decode(),
+        "secretkey": base64.b64encode(b"SK").decode(),
+    },
+    ("ConfigMap", "team", "pools"): {"pools.yaml": "version: 1\n"},
+}
+
+
+def read(kind: str, namespace: str, name: str) -> Mapping[str, str] | None:
+    return OBJECTS.get((kind, namespace, name))
+
+
+POD = {
+    "metadata": {
+        "name": "job-0-abc",
+        "namespace": "team",
+        "uid": "u-1",
+        "annotations": {INDEX_ANNOTATION: "3"},
+    },
+    "spec": {
+        "nodeName": "h100-local",
+        "containers": [
+            {
+                "name": "worker",
+                "command": ["kernelfleet", "operator"],
+                "args": [
+                    "--pools=/etc/kernelfleet/pools.yaml",
+                    "--liveness=http://0.0.0.0:8080/healthz",
+                    "--metrics-port=9090",
+                ],
+                "env": [
+                    {"name": "PLAIN", "value": "x"},
+                    {"name": "EMPTY"},
+                    {"name": "NS", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+                    {
+                        "name": "JOB_COMPLETION_INDEX",
+                        "valueFrom": {
+                            "fieldRef": {"fieldPath": f"metadata.annotations['{INDEX_ANNOTATION}']"}
+                        },
+                    },
+                    {"name": "KEY", "valueFrom": {"secretKeyRef": {"name": "store", "key": "accesskey"}}},
+                    {"name": "MISSING", "valueFrom": {"secretKeyRef": {"name": "nope", "key": "k"}}},
+                    {"name": "CREDS", "value": "/var/run/secrets/kernelfleet/store"},
+                    {"name": "HOME", "value": "/scratch/home"},
+                ],
+                "volumeMounts": [
+                    {"name": "pools", "mountPath": "/etc/kernelfleet"},
+                    {"name": "store", "mountPath": "/var/run/secrets/kernelfleet/store"},
+                    {"name": "scratch", "mountPath": "/scratch"},
+                ],
+            }
+        ],
+        "volumes": [
+            {"name": "pools", "configMap": {"name": "pools"}},
+            {
+                "name": "store",
+                "secret": {"secretName": "store", "items": [{"key": "accesskey", "path": "accesskey"}]},
+            },
+            {"name": "scratch", "emptyDir": {}},
+        ],
+    },
+}
+
+
+def test_a_pod_becomes_a_local_command(tmp_path: Path) -> None:
+    command = local_command(POD, read, tmp_path, base_env={"PATH": "/bin"})
+    # A long work directory's volumes live at a short path it links to: TMPDIR is a volume, and
+    # a Unix socket path there (multiprocessing's forkserver) must stay under 108 bytes.
+    volumes = (tmp_path / "volumes").resolve()
+    assert len(str(volumes / "scratch")) < 60
+    assert command.argv[:4] == [sys.executable, "-m", "kernelfleet.core.cli", "operator"]
+    assert command.argv[4] == f"--pools={volumes / 'pools'}/pools.yaml"
+    assert (volumes / "pools" / "pools.yaml").read_text() == "version: 1\n"
+    health, metrics = command.ports[8080], command.ports[9090]
+    assert command.argv[5] == f"--liveness=http://127.0.0.1:{health}/healthz"
+    assert command.argv[6] == f"--metrics-port={metrics}" and health != metrics
+    env = command.env
+    assert env["PATH"] == "/bin" and env["PLAIN"] == "x" and env["EMPTY"] == ""
+    assert env["NS"] == "team" and env["JOB_COMPLETION_INDEX"] == "3" and env["KEY"] == "AK"
+    assert "MISSING" not in env
+    assert env["CREDS"] == str(volumes / "store") and (volumes / "store" / "accesskey").read_text() == "AK"
+    assert not (volumes / "store" / "secretkey").exists()  # only the items asked for
+    assert env["HOME"] == f"{volumes / 'scratch'}/home" and (volumes / "scratch").is_dir()
