@@ -11,10 +11,14 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, create_model
+
 from kernelfleet.core.options import ModelOptions
 from kernelfleet.core.resources import OptimizationJobSpec, PolicySpec
 
-# Fields of the job spec that are plain flags of `submit`, when the spec has them.
+# Fields of the job spec that are plain flags of `submit`, when the spec has them. The flags
+# are generated from a model holding just these fields (same types, defaults and help), since
+# the spec itself cannot validate one field alone (it requires `tasks`).
 _SPEC_FLAGS = (
     "parallelism",
     "gpus_per_pod",
@@ -25,11 +29,16 @@ _SPEC_FLAGS = (
     "ttl_seconds_after_finished",
     "active_deadline_seconds",
 )
-SPEC_OPTIONS = ModelOptions(
-    OptimizationJobSpec,
-    only=[name for name in _SPEC_FLAGS if name in OptimizationJobSpec.model_fields],
-    title="the cluster job",
+JobFlags: type[BaseModel] = create_model(  # type: ignore[call-overload]
+    "JobFlags",
+    __config__=ConfigDict(extra="forbid", populate_by_name=True),
+    **{
+        name: (info.annotation, info)
+        for name, info in OptimizationJobSpec.model_fields.items()
+        if name in _SPEC_FLAGS
+    },
 )
+SPEC_OPTIONS = ModelOptions(JobFlags, title="the cluster job")
 # The language-model options of `optimize` that a job's policies carry.
 POLICY_SPEC_OPTIONS = ModelOptions(
     PolicySpec, only=["temperature", "concurrency"], title="language-model policies (openai, hf, vllm)"

@@ -138,17 +138,25 @@ def test_results_are_found_in_the_status_or_their_absence_is_explained() -> None
 
 
 def test_logs_by_task_name_hash_start_and_class(tmp_path: Path) -> None:
+    from kernelfleet.core.jobplan import Role, TaskOutcome, chunk_key, chunk_tasks, outcome_key, task_log_key
+    from kernelfleet.core.models import Task
+
     store = open_store(str(tmp_path))
     prefix = "optimizationjobs/team/tuned/uid"
-    plan = {"tasks": [{"name": "1_1_matmul", "hash": "a" * 64}, {"name": "1_2_conv", "hash": "b" * 64}]}
-    store.put_json(f"{prefix}/plan.json", plan)
+    matmul, conv = Task(name="1_1_matmul", code="# matmul\n"), Task(name="1_2_conv", code="# conv\n")
+    (chunk,) = chunk_tasks([matmul, conv])
+    store.put_json(chunk_key(prefix, 0), chunk)
     for key, text in [
-        (f"logs/search/h100/{'a' * 16}.log", "matmul on h100\n"),
-        (f"logs/search/h100/{'a' * 16}.1.log", "matmul retried\n"),
-        (f"logs/search/a100/{'b' * 16}.log", "conv failed: CUDA error\n"),
-        ("logs/search/a100/index-0-3-0.log", "pod started\n"),
+        (task_log_key(prefix, Role.SEARCH, "h100", matmul.hash), "matmul on h100\n"),
+        (task_log_key(prefix, Role.SEARCH, "h100", matmul.hash, attempt=1), "matmul retried\n"),
+        (task_log_key(prefix, Role.SEARCH, "a100", conv.hash), "conv failed: CUDA error\n"),
+        (f"{prefix}/logs/search/a100/index-0-3-0.log", "pod started\n"),
     ]:
-        store.put_bytes(f"{prefix}/{key}", text.encode())
+        store.put_bytes(key, text.encode())
+    failed = TaskOutcome(
+        task_hash=conv.hash, task_name=conv.name, gpu_class="a100", ok=False, error="CUDA error"
+    )
+    store.put_json(outcome_key(prefix, Role.SEARCH, "a100", conv.hash), failed)
     files = _logs.log_files(store, prefix)
     assert [(f.task or f.stem, f.gpu_class, f.attempt) for f in files] == [
         ("1_1_matmul", "h100", 0),
@@ -156,11 +164,12 @@ def test_logs_by_task_name_hash_start_and_class(tmp_path: Path) -> None:
         ("1_2_conv", "a100", 0),
         ("index-0-3-0", "a100", 0),
     ]
-    matmul = _logs.select(files, "1_1_matmul", None)
-    assert [_logs.read_log(store, f) for f in matmul] == ["matmul on h100\n", "matmul retried\n"]
-    assert matmul[1].label == "1_1_matmul on h100 (search, attempt 2)"
+    assert _logs.outcomes(store, prefix) == {("search", "a100", conv.hash[:16]): "failed: CUDA error"}
+    chosen = _logs.select(files, "1_1_matmul", None)
+    assert [_logs.read_log(store, f) for f in chosen] == ["matmul on h100\n", "matmul retried\n"]
+    assert chosen[1].label == "1_1_matmul on h100 (search, attempt 2)"
     assert [f.task for f in _logs.select(files, "1_2", None)] == ["1_2_conv"]
-    assert [f.task for f in _logs.select(files, "bbbb", None)] == ["1_2_conv"]
+    assert [f.task for f in _logs.select(files, conv.hash[:6], None)] == ["1_2_conv"]
     assert len(_logs.select(files, None, "a100")) == 2
     with pytest.raises(UsageError, match="matches several tasks: 1_1_matmul, 1_2_conv"):
         _logs.select(files, "1_", None)

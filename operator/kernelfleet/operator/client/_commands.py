@@ -8,6 +8,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from pydantic import ValidationError
+
 from kernelfleet.core.errors import UsageError
 from kernelfleet.core.resources import GROUP, VERSION, OptimizationJobSpec, TrainingRunSpec
 from kernelfleet.core.run_location import store_config
@@ -20,7 +22,7 @@ from kernelfleet.operator.client._resources import (
     list_resources,
     run_location_of,
 )
-from kernelfleet.operator.client._status import events_of, format_detail, format_list
+from kernelfleet.operator.client._status import events_of, format_detail, format_list, table
 from kernelfleet.operator.client._submit import (
     SPEC_MODELS,
     Uploads,
@@ -29,6 +31,7 @@ from kernelfleet.operator.client._submit import (
     manifest,
     policy_spec,
     read_manifests,
+    spec_errors,
     succeeded,
     task_selections,
 )
@@ -73,9 +76,20 @@ def logs(args: argparse.Namespace) -> int:
         return 0
     chosen = _logs.select(files, args.task, args.gpu_class)
     if not args.task:
-        rows = sorted({(f.task or f.stem, f.gpu_class, f.role) for f in chosen})
-        for task, gpu, role in rows:
-            print(f"{task}  {gpu}  {role}")
+        ended = _logs.outcomes(store, location.prefix)
+        rows = [["TASK", "CLASS", "ROLE", "ATTEMPTS", "OUTCOME"]]
+        attempts: dict[tuple[str, str, str, str], int] = {}
+        for f in chosen:
+            key = (f.task or f.stem, f.gpu_class, f.role, f.stem)
+            attempts[key] = attempts.get(key, 0) + 1
+        # Failed tasks first: they are why one reads logs.
+        order = sorted(
+            attempts, key=lambda k: (not ended.get((k[2], k[1], k[3]), "").startswith("failed"), k)
+        )
+        for task, gpu, role, stem in order:
+            outcome = ended.get((role, gpu, stem), "-" if stem.startswith("index-") else "running")
+            rows.append([task, gpu, role, str(attempts[(task, gpu, role, stem)]), outcome])
+        print(table(rows))
         print(f"\nthe lines of one: kernelfleet logs {args.name} --task TASK", file=sys.stderr)
         return 0
     for number, log in enumerate(chosen):
@@ -197,7 +211,10 @@ def submit(args: argparse.Namespace) -> int:
                 values["store"] = args.store
             if getattr(args, "verify_on", None):
                 values["verify_on"] = list(dict.fromkeys(args.verify_on))
-            spec = SPEC_OPTIONS.build_from(values)
+            try:
+                spec = OptimizationJobSpec.model_validate(values)
+            except ValidationError as error:
+                raise UsageError(f"bad option: {spec_errors(error)}") from None
             name = args.name or derived_name("OptimizationJob", spec)
             documents = [manifest("OptimizationJob", name, spec, cluster.namespace)]
         for document in documents:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
 
 from kernelfleet.core.errors import UsageError
 from kernelfleet.core.store import NotFound, Store
@@ -34,12 +33,37 @@ class LogFile:
 
 
 def task_names(store: Store, prefix: str) -> dict[str, str]:
-    """Task hash (first 16 characters) -> task name, from the job's plan."""
-    try:
-        plan: dict[str, Any] = store.get_json(f"{prefix}/plan.json")
-    except NotFound:
-        return {}
-    return {str(task["hash"])[:16]: str(task["name"]) for task in plan.get("tasks", [])}
+    """Task hash (first 16 characters) -> task name, from the plan's task chunks."""
+    from kernelfleet.core.jobplan import TaskChunk
+
+    names: dict[str, str] = {}
+    for key in store.list(f"{prefix}/plan/"):
+        if not key.endswith(".json"):
+            continue
+        try:
+            chunk = TaskChunk.model_validate(store.get_json(key))
+        except (NotFound, ValueError):
+            continue
+        for planned in chunk.tasks:
+            names[planned.task().hash[:16]] = planned.name
+    return names
+
+
+def outcomes(store: Store, prefix: str) -> dict[tuple[str, str, str], str]:
+    """(role, class, task16) -> how the task ended ("ok", or "failed: <error>"), for finished tasks."""
+    from kernelfleet.core.jobplan import TaskOutcome
+
+    ended: dict[tuple[str, str, str], str] = {}
+    for key in store.list(f"{prefix}/outcomes/"):
+        parts = key.rsplit("/", 3)
+        if len(parts) != 4 or not key.endswith(".json"):
+            continue
+        try:
+            outcome = TaskOutcome.model_validate(store.get_json(key))
+        except (NotFound, ValueError):
+            continue
+        ended[(parts[1], parts[2], parts[3][:-5])] = "ok" if outcome.ok else f"failed: {outcome.error}"
+    return ended
 
 
 def log_files(store: Store, prefix: str) -> list[LogFile]:

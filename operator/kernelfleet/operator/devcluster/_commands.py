@@ -172,8 +172,8 @@ def demo(args: argparse.Namespace) -> int:
             str(examples / "tasks"),
             "--gpu-class",
             args.gpu_class,
-            "--policy",
-            "compile",
+            # The hand-written candidates: a replay costs only its evaluations, where the compile
+            # policy's torch.compile builds take minutes on a CPU.
             "--policy",
             f"replay:{examples / 'candidates.jsonl'}",
             "--rounds",
@@ -186,10 +186,12 @@ def demo(args: argparse.Namespace) -> int:
             "1",
             "--warmup",
             "1",
+            # One worker pod for the four tasks: worker pods of one job share the run's lease
+            # today, so a second pod would wait for the first.
             "--parallelism",
-            "2",
+            "1",
             "--tasks-per-index",
-            "2",
+            "4",
             "--wait",
         ]
         _say("$ kernelfleet " + " ".join(argv))

@@ -189,25 +189,35 @@ class PodRunner:
                 log.warning("node heartbeat failed: %s", error)
 
     def _heartbeat(self) -> None:
+        """Every node's Ready condition and Lease, each on its own: one node's failure never
+        starves the others (the node lifecycle controller would taint them unreachable)."""
+        failures = []
+        for node in self.nodes:
+            try:
+                self._beat(node)
+            except Exception as error:
+                failures.append(f"{node.name}: {error}")
+        if failures:
+            raise RuntimeError("; ".join(failures))
+
+    def _beat(self, node: RunnerNode) -> None:
         from kubernetes.client.exceptions import ApiException
 
-        for node in self.nodes:
-            self.core.patch_node_status(node.name, {"status": {"conditions": [_ready_condition()]}})
+        self.core.patch_node_status(node.name, {"status": {"conditions": [_ready_condition()]}})
+        spec = {"holderIdentity": node.name, "leaseDurationSeconds": 40, "renewTime": _now_micro()}
+        try:
+            # A merge patch needs no resourceVersion, unlike a replace.
+            self.coordination.patch_namespaced_lease(node.name, "kube-node-lease", {"spec": spec})
+        except ApiException as error:
+            if error.status != 404:
+                raise
             lease = {
                 "apiVersion": "coordination.k8s.io/v1",
                 "kind": "Lease",
                 "metadata": {"name": node.name, "namespace": "kube-node-lease"},
-                "spec": {"holderIdentity": node.name, "leaseDurationSeconds": 40, "renewTime": _now_micro()},
+                "spec": spec,
             }
-            try:
-                # A patch: a replace would need the lease's resourceVersion (422 without it).
-                self.coordination.patch_namespaced_lease(
-                    node.name, "kube-node-lease", {"spec": lease["spec"]}
-                )
-            except ApiException as error:
-                if error.status != 404:
-                    raise
-                self.coordination.create_namespaced_lease("kube-node-lease", lease)
+            self.coordination.create_namespaced_lease("kube-node-lease", lease)
 
     # ------------------------------------------------------------------ pods
 
