@@ -61,7 +61,9 @@ def installed(cluster: Any, minio: Any, tmp_path: Path) -> Iterator[dict[str, An
             "existingSecret": "kernelfleet-store",
         },
         "pools": {"classes": {"local": {"products": [LOCAL_PRODUCT]}}},
-        "networkPolicy": {"store": {"to": [{"ipBlock": {"cidr": "127.0.0.1/32"}}], "ports": [minio.port]}},
+        "networkPolicy": {
+            "store": {"to": [{"ipBlock": {"cidr": "127.0.0.1/32"}}], "ports": [minio.server.port]}
+        },
     }
     values_file = tmp_path / "values.yaml"
     values_file.write_text(yaml.safe_dump(values))
@@ -105,8 +107,9 @@ def _example(minio: Any, name: str) -> dict[str, Any]:
         policies=[{"kind": "replay", "path": f"s3://{minio.bucket}/candidates.jsonl"}],
         budget={"rounds": 1, "samplesPerRound": 2},
         evaluation={"profile": "strict", "correctnessTrials": 1, "timingTrials": 10, "warmup": 1},
-        parallelism=2,
-        tasksPerIndex=2,
+        # One worker pod: worker pods of one job share the run's lease today (a second would wait).
+        parallelism=1,
+        tasksPerIndex=4,
     )
     return document
 
