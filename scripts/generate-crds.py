@@ -75,7 +75,7 @@ def crd(
     short: list[str],
     spec: type[BaseModel],
     status: type[BaseModel],
-    columns: list[dict[str, str]],
+    columns: list[dict[str, Any]],
 ) -> dict[str, Any]:
     spec_schema, status_schema = schema_of(spec), schema_of(status)
     spec_schema.pop("description", None)
@@ -123,7 +123,7 @@ def crd(
 
 
 def all_crds() -> dict[str, dict[str, Any]]:
-    age = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
+    age: dict[str, Any] = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
     return {
         "optimizationjobs.yaml": crd(
             "OptimizationJob",

@@ -10,6 +10,7 @@ import yaml
 from kubernetes.client.exceptions import ApiException
 
 from kernelfleet.core.resources import GROUP, VERSION
+from kernelfleet.core.settings import Budget
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,12 +56,13 @@ def test_crd_schema_rejects_a_bad_optimization_job(kube) -> None:
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "OptimizationJob",
         "metadata": {"name": "good"},
-        "spec": {"tasks": ["kernelbench-v0:1:1-3"], "gpuClasses": ["h100"]},
+        "spec": {"tasks": ["kernelbench-v0:1:1-3"], "gpuClasses": ["h100"], "budget": {}},
     }
     created = kube.custom.create_namespaced_custom_object(
         GROUP, VERSION, kube.namespace, "optimizationjobs", good
     )
-    assert created["spec"]["budget"]["rounds"] == 4  # the schema's default was applied by the server
+    # the schema's defaults, the runtime's own (core.settings.Budget), were applied by the server
+    assert created["spec"]["budget"]["rounds"] == Budget().rounds
 
     bad = {
         **good,

@@ -201,7 +201,14 @@ def _handled_fs(abi: int) -> int:
     return rights
 
 
-def apply_landlock(read: Iterable[str], write: Iterable[str], devices: Iterable[str] = ()) -> int:
+def apply_landlock(
+    read: Iterable[str],
+    write: Iterable[str],
+    devices: Iterable[str] = (),
+    *,
+    scopes: bool = True,
+    net: bool = True,
+) -> int:
     """Restrict this process (and its descendants) to reading `read`, reading and writing
     `write`, and using the device nodes under `devices`. Paths that do not exist are skipped.
     Returns the ABI used; raises ConfinementError when Landlock is unavailable."""
@@ -209,12 +216,12 @@ def apply_landlock(read: Iterable[str], write: Iterable[str], devices: Iterable[
     if abi <= 0:
         raise ConfinementError(errno.ENOSYS, "Landlock is not available on this kernel")
     handled = _handled_fs(abi)
-    net = NET_BIND_TCP | NET_CONNECT_TCP if abi >= 4 else 0
-    scoped = SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL if abi >= 6 else 0
+    handled_net = NET_BIND_TCP | NET_CONNECT_TCP if abi >= 4 and net else 0
+    scoped = SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL if abi >= 6 and scopes else 0
     if abi >= 6:
-        attr = struct.pack("QQQ", handled, net, scoped)
+        attr = struct.pack("QQQ", handled, handled_net, scoped)
     elif abi >= 4:
-        attr = struct.pack("QQ", handled, net)
+        attr = struct.pack("QQ", handled, handled_net)
     else:
         attr = struct.pack("Q", handled)
     buffer = ctypes.create_string_buffer(attr, len(attr))

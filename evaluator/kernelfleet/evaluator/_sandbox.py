@@ -176,21 +176,33 @@ def resolve_level(requested: str, minimum: str | None) -> str:
 # ---------------------------------------------------------------- the bubblewrap command
 
 
-def _python_paths() -> list[str]:
-    """What the Python environment needs: the interpreter, its prefixes, and every import path,
-    except a directory that holds the working directory or the home directory (a repository
-    root put on the path, with its local store in it)."""
+def _import_entries() -> list[str]:
+    """This process's import paths that a candidate may see: not a directory that holds the
+    working directory or the home (a repository root put on the path, with its local store in
+    it), not the main script's directory (anything may lie beside a script), not /tmp."""
     cwd = os.path.realpath(os.getcwd())
     home = os.path.realpath(os.path.expanduser("~"))
-    paths = {os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix)}
-    paths.add(os.path.dirname(os.path.realpath(sys.executable)))
+    script = os.path.dirname(os.path.realpath(sys.argv[0])) if sys.argv and sys.argv[0] else ""
+    temporary = {os.path.realpath(p) for p in ("/", "/tmp", "/var/tmp", tempfile.gettempdir())}
+    kept = []
     for entry in sys.path:
-        if not entry or not os.path.exists(entry):
+        if not entry or not os.path.isdir(entry):
             continue
         real = os.path.realpath(entry)
         if any(inner == real or inner.startswith(real.rstrip("/") + "/") for inner in (cwd, home)):
             continue
-        paths.add(real)
+        if real in temporary or (real == script and not os.path.isdir(os.path.join(real, "kernelfleet"))):
+            continue
+        kept.append(real)
+    return list(dict.fromkeys(kept))
+
+
+def _python_paths() -> list[str]:
+    """What the Python environment needs: the interpreter, its prefixes, and the import paths
+    of `_import_entries`."""
+    paths = {os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix)}
+    paths.add(os.path.dirname(os.path.realpath(sys.executable)))
+    paths.update(_import_entries())
     for name in ("kernelfleet.core", "kernelfleet.evaluator"):
         module = sys.modules.get(name)
         file = getattr(module, "__file__", None) if module is not None else None
@@ -238,20 +250,10 @@ def _device_files() -> list[str]:
 def _import_path() -> str:
     """PYTHONPATH for the zygote: this process's import paths that the sandbox binds (a package
     found only through PYTHONPATH here, like a wheel unpacked into /tmp/site, is found there)."""
-    cwd = os.path.realpath(os.getcwd())
-    home = os.path.realpath(os.path.expanduser("~"))
     prefixes = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix)}
-    kept = []
-    for entry in sys.path:
-        if not entry or not os.path.isdir(entry):
-            continue
-        real = os.path.realpath(entry)
-        if any(inner == real or inner.startswith(real.rstrip("/") + "/") for inner in (cwd, home)):
-            continue
-        if any(real.startswith(prefix.rstrip("/") + "/") for prefix in prefixes):
-            continue  # the interpreter finds its own library and site-packages
-        kept.append(real)
-    return os.pathsep.join(dict.fromkeys(kept))
+    # The interpreter finds its own library and site-packages.
+    kept = [p for p in _import_entries() if not any(p.startswith(x.rstrip("/") + "/") for x in prefixes)]
+    return os.pathsep.join(kept)
 
 
 def sandbox_env() -> dict[str, str]:

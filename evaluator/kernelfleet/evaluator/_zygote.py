@@ -212,7 +212,9 @@ def _child(
     )
     _confine.drop_capabilities()
     if walls.get("landlock"):
-        write = [str(scratch), "/dev/shm", *walls.get("write", [])]
+        # /proc/self: its own /proc/<pid> (CUDA writes there when it starts, e.g. to name its
+        # threads; without it cuInit fails). Other processes' entries stay closed.
+        write = [str(scratch), "/dev/shm", "/proc/self", *walls.get("write", [])]
         _confine.apply_landlock(walls.get("read", []), write, devices=["/dev"])
     if walls.get("seccomp"):
         _confine.apply_seccomp(protected)

@@ -13,6 +13,7 @@ on the spec and the uid, so planning twice gives the same plan.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -100,13 +101,21 @@ def _tasks_from_prefix(store: Store, prefix: str, source: str) -> list[Task]:
     return tasks
 
 
+@functools.lru_cache(maxsize=512)
+def _kernelbench(selection: str) -> tuple[Task, ...]:
+    """A KernelBench selection's tasks. The bundled files never change while the operator runs,
+    so each selection is parsed once (a hundred jobs on the same level would otherwise parse
+    the same JSONL a hundred times)."""
+    from kernelfleet.core.tasks import load_tasks
+
+    return tuple(load_tasks(selection))
+
+
 def resolve_selection(selection: str, open_store: OpenStore) -> list[Task]:
     """The tasks one entry of `spec.tasks` names."""
     text = selection.strip()
     if text.startswith("kernelbench-"):
-        from kernelfleet.core.tasks import load_tasks
-
-        return load_tasks(text)
+        return list(_kernelbench(text))
     if text.startswith("s3://") or text.startswith("file://"):
         match = _JSONL.match(text)
         if match:

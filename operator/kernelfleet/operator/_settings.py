@@ -45,6 +45,9 @@ class OperatorSettings:
     status_interval_s: float = 5.0
     min_patch_interval_s: float = 5.0
     operator_namespace: str = ""
+    # The pool of a TrainingRun's evaluation service when its spec names none (the chart's
+    # evalService.gpuClass); empty: the run's own gpuClass.
+    eval_gpu_class: str = ""
 
     def __post_init__(self) -> None:
         for name in ("worker_pull_policy", "trainer_pull_policy"):
@@ -105,5 +108,7 @@ def settings_from_env(environ: Mapping[str, str] | None = None, **overrides: obj
         values["worker_command"] = tuple(get("KERNELFLEET_WORKER_COMMAND").split())
     if get("KERNELFLEET_OPERATOR_NAMESPACE"):
         values["operator_namespace"] = get("KERNELFLEET_OPERATOR_NAMESPACE")
+    if get("KERNELFLEET_EVAL_GPU_CLASS"):
+        values["eval_gpu_class"] = get("KERNELFLEET_EVAL_GPU_CLASS")
     values.update({key: value for key, value in overrides.items() if value is not None})
     return OperatorSettings(**values)  # type: ignore[arg-type]

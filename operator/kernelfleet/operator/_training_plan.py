@@ -139,22 +139,28 @@ def runs_own_evaluator(spec: TrainingRunSpec, stage: TrainingStage, run: RunRef)
     return url in ("", run.eval_url(stage.name))
 
 
-def resolved_spec(spec: TrainingRunSpec, run: RunRef) -> TrainingRunSpec:
+def resolved_spec(spec: TrainingRunSpec, run: RunRef, default_reward_class: str = "") -> TrainingRunSpec:
     """The spec the stage pods train with, as recorded in the store at the run's start.
 
     `suspend` is the operator's business, not the trainer's, so it is recorded as False; an RL
     stage with an evaluator of its own gets that service's URL as `reward.serviceUrl`, which is
-    how the stage's pod finds it.
+    how the stage's pod finds it, and an empty `rewardGpuClass` becomes the class the service
+    runs on (`default_reward_class`, the operator's, else `gpuClass`), fixed for the whole run.
     """
     stages = []
+    own = False
     for stage in spec.stages:
         if runs_own_evaluator(spec, stage, run):
+            own = True
             reward = (stage.reward or RewardSpec()).model_copy(
                 update={"service_url": run.eval_url(stage.name)}
             )
             stage = stage.model_copy(update={"reward": reward})
         stages.append(stage)
-    return spec.model_copy(update={"stages": stages, "suspend": False})
+    update: dict[str, object] = {"stages": stages, "suspend": False}
+    if own and not spec.reward_gpu_class:
+        update["reward_gpu_class"] = default_reward_class or spec.gpu_class
+    return spec.model_copy(update=update)
 
 
 # ---------------------------------------------------------------- the plan

@@ -117,6 +117,10 @@ def run_operator(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    if not args.verbose:
+        # kopf logs every timer pass at INFO ("Timer 'reconcile' succeeded"): one line per job
+        # every few seconds. Its warnings and errors stay; the operator logs what it does itself.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     pools = load_pools(args.pools or os.environ.get("KERNELFLEET_POOLS_FILE") or None)
     overrides: dict[str, object] = {
         "pools": pools,

@@ -97,6 +97,7 @@ class JobView:
     parallelism: int
     suspend: bool
     active: int
+    ready: int
     succeeded: int
     failed_indexes: frozenset[int]
     finished: str | None
@@ -134,6 +135,7 @@ def index_jobs(body: kopf.Body, **_: Any) -> dict[tuple[str, str], JobView] | No
         parallelism=int(spec.get("parallelism") or 0),
         suspend=bool(spec.get("suspend")),
         active=int(status.get("active") or 0),
+        ready=int(status.get("ready") or 0),
         succeeded=count_indexes(status.get("completedIndexes")),
         failed_indexes=_index_set(status.get("failedIndexes")),
         finished=finished,
@@ -392,7 +394,7 @@ def _record_ended(
                     continue
                 memory.ended[name] = JobView(
                     name=name, role=raw["role"], gpu_class=raw["gpu_class"], shard=raw["shard"],
-                    completions=raw["completions"], parallelism=0, suspend=False, active=0,
+                    completions=raw["completions"], parallelism=0, suspend=False, active=0, ready=0,
                     succeeded=raw["succeeded"], failed_indexes=frozenset(raw["failed_indexes"]),
                     finished=raw["finished"], reason=raw["reason"], deleting=False,
                 )  # fmt: skip
@@ -558,6 +560,8 @@ def fold_status(
     search_done = all(v is not None and v.finished for v in search_views)
     verify_done = all(v is not None and v.finished for v in verify_views)
     active_pods = sum(v.active for v in [*search_views, *verify_views] if v is not None)
+    # `active` counts pods not yet finished, unscheduled ones too; `ready` those really running.
+    running_pods = sum(v.ready for v in [*search_views, *verify_views] if v is not None)
     deadline = [
         v
         for v in [*search_views, *verify_views]
@@ -619,15 +623,20 @@ def fold_status(
         elif verifying:
             phase = "Verifying"
         else:
-            phase = "Running" if active_pods else "Pending"
+            phase = "Running" if running_pods else "Pending"
+        running = bool(running_pods) and not suspended
+        if running:
+            reason = "Verifying" if verifying else "PodsRunning"
+        elif suspended:
+            reason = "Suspended"
+        else:
+            reason = "PodsPending" if active_pods else "NoPods"
         conditions += [
             cond.Condition(
                 cond.RUNNING,
-                cond.TRUE if active_pods and not suspended else cond.FALSE,
-                ("Verifying" if verifying else "PodsActive")
-                if active_pods and not suspended
-                else ("Suspended" if suspended else "NoPodsActive"),
-                f"{active_pods} pod(s) active; {summary}",
+                cond.TRUE if running else cond.FALSE,
+                reason,
+                f"{running_pods} pod(s) running, {active_pods - running_pods} waiting; {summary}",
             ),
             cond.Condition(cond.COMPLETE, cond.FALSE, "InProgress", ""),
             cond.Condition(cond.FAILED, cond.FALSE, "NotFailed", ""),

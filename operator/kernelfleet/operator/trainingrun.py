@@ -109,10 +109,14 @@ async def _validate(rt: Runtime, spec: TrainingRunSpec, run: RunRef) -> None:
     if spec.gpu_class not in pools:
         raise InvalidSpec(f"spec.gpuClass: no GPU pool class {spec.gpu_class!r}; the pools are: {known}")
     own = any(runs_own_evaluator(spec, stage, run) for stage in spec.stages)
-    if own and reward_gpu_class(spec) not in pools:
-        raise InvalidSpec(
-            f"spec.rewardGpuClass: no GPU pool class {reward_gpu_class(spec)!r}; the pools are: {known}"
+    reward_class = spec.reward_gpu_class or rt.settings.eval_gpu_class or spec.gpu_class
+    if own and reward_class not in pools:
+        where = (
+            "spec.rewardGpuClass"
+            if spec.reward_gpu_class or not rt.settings.eval_gpu_class
+            else "the operator's default reward class (the chart's evalService.gpuClass)"
         )
+        raise InvalidSpec(f"{where}: no GPU pool class {reward_class!r}; the pools are: {known}")
     if not (spec.store or rt.settings.default_store):
         raise InvalidSpec("spec.store: empty, and the operator has no default store (--store)")
     for index, stage in enumerate(spec.stages):
@@ -255,7 +259,7 @@ async def reconcile(body: Mapping[str, Any], rt: Runtime, memo: Any) -> dict[str
     store = rt.store(store_url)
     prefix = run.prefix
     layout = TrainingLayout(prefix)
-    wanted = resolved_spec(spec, run)
+    wanted = resolved_spec(spec, run, rt.settings.eval_gpu_class)
     # The record never changes once written: ask the store again only when the spec did.
     cached = getattr(memo, "training_record", None)
     if cached is not None and cached[0] == wanted:

@@ -189,6 +189,7 @@ class OptimizationLoop:
         budget: Budget | None = None,
         settings: LoopSettings | None = None,
         progress: Progress | None = None,
+        lease_scope: str = "",
     ) -> None:
         if not policies:
             raise UsageError("the loop needs at least one policy")
@@ -212,6 +213,11 @@ class OptimizationLoop:
         self._started = 0.0
         self._stop: str | None = None
         self._lease: RunLease | None = None
+        # The lease guards the run as a whole unless the caller owns only a part of it: the
+        # worker pods of one job share the job's run, each with tasks of its own.
+        self.lease_prefix = (
+            f"{self.layout.prefix}/{lease_scope.strip('/')}" if lease_scope else self.layout.prefix
+        )
 
     # ------------------------------------------------------------------ the run
 
@@ -224,7 +230,7 @@ class OptimizationLoop:
         """
         lease = RunLease(
             self.store,
-            self.layout.prefix,
+            self.lease_prefix,
             ttl_s=self.settings.lease_ttl_seconds,
             wait_s=self.settings.lease_wait_seconds,
         )
@@ -733,8 +739,10 @@ def optimize(
     budget: Budget | None = None,
     settings: LoopSettings | None = None,
     progress: Progress | None = None,
+    lease_scope: str = "",
 ) -> list[TaskSummary]:
-    """Run the contrastive loop over `tasks`; see `OptimizationLoop`."""
+    """Run the contrastive loop over `tasks`; see `OptimizationLoop`. `lease_scope`, a path below
+    the run, makes the lease cover only the part of the run this call works on."""
     loop = OptimizationLoop(
         store=store,
         prefix=prefix,
@@ -744,5 +752,6 @@ def optimize(
         budget=budget,
         settings=settings,
         progress=progress,
+        lease_scope=lease_scope,
     )
     return loop.run(tasks)

@@ -336,6 +336,9 @@ class Worker:
                 environment=evaluator_environment(evaluator),
                 budget=self.plan.spec.budget,
                 progress=_Progress(),
+                # Pods of one job work on one run, each on tasks of its own: a task's lease keeps
+                # a replacement pod off a task that a pod being killed still works on.
+                lease_scope=f"leases/{task.hash[:16]}",
             )
         except (StoreUnavailable, StoreError):
             raise  # the pod fails and is retried; the loop resumes from the store

@@ -374,14 +374,14 @@ def test_a_lease_left_by_a_killed_process_expires(store: Store) -> None:
 
 
 def test_racing_processes_take_a_free_run_exactly_once(store: Store) -> None:
-    def take(index: int) -> bool:
+    def take(index: int) -> RunLease | None:
         lease = RunLease(store, "runs/raced", ttl_s=30, owner=f"p{index}")
         try:
-            lease.acquire()
+            return lease.acquire()
         except LeaseHeld:
-            return False
-        return True
+            return None
 
     with ThreadPoolExecutor(4) as pool:
-        won = list(pool.map(take, range(4)))
-    assert won.count(True) == 1
+        won = [lease for lease in pool.map(take, range(4)) if lease is not None]
+    assert len(won) == 1
+    won[0].release()

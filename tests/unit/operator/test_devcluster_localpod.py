@@ -77,7 +77,10 @@ POD = {
 
 def test_a_pod_becomes_a_local_command(tmp_path: Path) -> None:
     command = local_command(POD, read, tmp_path, base_env={"PATH": "/bin"})
-    volumes = tmp_path / "volumes"
+    # A long work directory's volumes live at a short path it links to: TMPDIR is a volume, and
+    # a Unix socket path there (multiprocessing's forkserver) must stay under 108 bytes.
+    volumes = (tmp_path / "volumes").resolve()
+    assert len(str(volumes / "scratch")) < 60
     assert command.argv[:4] == [sys.executable, "-m", "kernelfleet.core.cli", "operator"]
     assert command.argv[4] == f"--pools={volumes / 'pools'}/pools.yaml"
     assert (volumes / "pools" / "pools.yaml").read_text() == "version: 1\n"

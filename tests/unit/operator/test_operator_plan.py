@@ -143,7 +143,7 @@ def test_build_job_is_the_exact_worker_job() -> None:
 def _view(name: str, **fields: object) -> JobView:
     values: dict[str, object] = dict(
         name=name, role="search", gpu_class="h100", shard=0, completions=4, parallelism=2, suspend=False,
-        active=0, succeeded=0, failed_indexes=frozenset(), finished=None, reason="", deleting=False,
+        active=0, ready=0, succeeded=0, failed_indexes=frozenset(), finished=None, reason="", deleting=False,
     )  # fmt: skip
     values.update(fields)
     return JobView(**values)  # type: ignore[arg-type]
@@ -165,7 +165,7 @@ def test_fold_running_then_complete_with_counters_and_speedups() -> None:
     outcomes = {f"k{i}": _outcome(i, s) for i, s in enumerate([1.5, 2.5])}
     running = fold_status(
         plan,
-        {name: _view(name, active=2, succeeded=2)},
+        {name: _view(name, active=2, ready=2, succeeded=2)},
         outcomes,
         suspended=False,
         missing_classes={},
@@ -251,7 +251,7 @@ def test_fold_verification_shows_how_speedups_carry_over() -> None:
     }
     views = {
         search.job_name: _view(search.job_name, finished="Complete"),
-        verify.job_name: _view(verify.job_name, role="verify", gpu_class="l40", active=1),
+        verify.job_name: _view(verify.job_name, role="verify", gpu_class="l40", active=1, ready=1),
     }
     fold = fold_status(plan, views, outcomes, suspended=False, missing_classes={}, results_url="u")
     assert fold.status["phase"] == "Verifying"

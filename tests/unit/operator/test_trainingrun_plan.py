@@ -166,3 +166,13 @@ def test_job_view_reads_the_job_controllers_status() -> None:
         },
     }
     assert job_view(failed) == JobView(JobState.FAILED, "exit code 2")
+
+
+def test_the_reward_class_is_fixed_in_the_record_from_the_spec_the_operator_or_the_run() -> None:
+    stages = [{"name": "rl", "type": "grpo"}]
+    assert resolved_spec(spec(stages=stages), RUN, "a100").reward_gpu_class == "l40"  # the spec's
+    own_default = spec(stages=stages, rewardGpuClass="")
+    assert resolved_spec(own_default, RUN, "a100").reward_gpu_class == "a100"  # the operator's
+    assert resolved_spec(own_default, RUN).reward_gpu_class == "h100"  # the run's gpuClass
+    no_service = spec(stages=stages, rewardGpuClass="", rewardGpus=0)
+    assert resolved_spec(no_service, RUN, "a100").reward_gpu_class == ""

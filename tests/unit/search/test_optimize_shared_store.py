@@ -59,6 +59,31 @@ def test_a_second_process_on_a_run_is_refused_while_the_first_works(store: Store
     assert lease is not None and lease.released
 
 
+def test_a_lease_scope_covers_only_its_part_of_the_run(store: Store) -> None:
+    """Worker pods of one job share its run, each on tasks of its own: a scoped lease (the
+    worker's is per task) leaves the rest of the run free and still keeps out a second process
+    on the same part."""
+    policy = ScriptedPolicy(lambda r: answer(variant_code(f"{r.task.name}-{r.round}", 2.0)))
+    evaluator = ScriptedEvaluator()
+
+    def scoped(scope: str) -> list:
+        return optimize(
+            [make_task("alpha", 2)],
+            [policy],
+            store=store,
+            prefix=PREFIX,
+            evaluator=evaluator,
+            environment=evaluator.environment,
+            budget=Budget(rounds=1, samples_per_round=1),
+            lease_scope=scope,
+        )
+
+    with RunLease(store, f"{PREFIX}/leases/other-task", owner="another-pod"):
+        assert scoped("leases/this-task")  # another part of the run is held: this one is free
+        with pytest.raises(LeaseHeld, match="another-pod"):
+            scoped("leases/other-task")
+
+
 def test_a_waiting_process_runs_once_the_holder_is_done(store: Store) -> None:
     holder = RunLease(store, PREFIX, owner="holder").acquire()
     threading.Timer(0.3, holder.release).start()

@@ -100,6 +100,7 @@ class RunLease:
         # and read the epoch back before believing it is ours.
         self.settle_s = settle_s if settle_s is not None else (1.0 if store.url.startswith("s3://") else 0.0)
         self.epoch = -1
+        self._expires_at = 0.0  # of the last epoch this process wrote (read when the store is away)
         self.lost: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -129,7 +130,10 @@ class RunLease:
             back = LeaseRecord.model_validate(self.store.get_json(key))
         except (ValidationError, StoreError):
             return False
-        return back.token == self.token
+        if back.token != self.token:
+            return False
+        self._expires_at = record.expires_at
+        return True
 
     def acquire(self) -> RunLease:
         deadline = time.monotonic() + self.wait_s
@@ -166,15 +170,11 @@ class RunLease:
                 self.lost = f"the lease of run {self.prefix} was taken over by {who}"
                 return
             except StoreError as error:  # a store outage: try again at the next renewal
-                if time.time() > self._expiry():
+                if time.time() > self._expires_at:
                     self.lost = (
                         f"the lease of run {self.prefix} expired while the store was unreachable: {error}"
                     )
                     return
-
-    def _expiry(self) -> float:
-        latest = current_lease(self.store, self.prefix)
-        return latest.expires_at if latest is not None and latest.token == self.token else 0.0
 
     def check(self) -> None:
         """Raise LeaseLost when another process has taken the run over."""

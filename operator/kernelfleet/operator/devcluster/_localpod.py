@@ -22,6 +22,7 @@ import base64
 import re
 import shutil
 import sys
+import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -158,8 +159,9 @@ def _mounts(
     """Each mount point of the container -> a local directory with the volume's content."""
     volumes = {volume["name"]: volume for volume in spec.get("volumes") or []}
     mounts: dict[str, Path] = {}
+    root = _volumes_root(workdir)
     for mount in container.get("volumeMounts") or []:
-        local = workdir / "volumes" / mount["name"]
+        local = root / mount["name"]
         if local.exists():
             shutil.rmtree(local)
         local.mkdir(parents=True)
@@ -177,6 +179,29 @@ def _mounts(
                     target.write_bytes(base64.b64decode(raw) if kind == "Secret" else raw.encode())
         mounts[mount["mountPath"]] = local
     return mounts
+
+
+# A Unix socket's path must stay under 108 bytes, and programs put sockets in TMPDIR (Python's
+# multiprocessing forkserver does); TMPDIR is a volume (/scratch in a worker pod), so volume
+# directories must have short paths too.
+_SHORT_PATH = 48
+
+
+def _volumes_root(workdir: Path) -> Path:
+    """Where the pod's volumes live: `workdir/volumes`, or when that path is long, a short
+    temporary directory that `workdir/volumes` links to."""
+    link = workdir / "volumes"
+    if len(str(link)) <= _SHORT_PATH:
+        return link
+    if link.is_symlink():
+        target = link.resolve()
+        shutil.rmtree(target, ignore_errors=True)
+        link.unlink()
+    elif link.exists():
+        shutil.rmtree(link)
+    root = Path(tempfile.mkdtemp(prefix="kfpod-"))
+    link.symlink_to(root, target_is_directory=True)
+    return root
 
 
 def _remap(value: str, mounts: Mapping[str, Path]) -> str:
