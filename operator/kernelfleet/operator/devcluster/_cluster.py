@@ -208,6 +208,11 @@ class DevCluster:
             self._stop_records(state.processes)
             self.state_file.unlink(missing_ok=True)
         remove_tree(self.directory / "kube")
+        # Pods' volumes may live in short temporary directories that `volumes` links to.
+        for link in [*self.directory.glob("pods/*/volumes"), *self.directory.glob("operator/volumes")]:
+            if link.is_symlink():
+                remove_tree(link.resolve())
+                link.unlink()
         if purge:
             remove_tree(self.directory)
         return state

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -172,6 +173,11 @@ class PodRunner:
             thread.join(timeout=30)
         for running in list(self._running.values()):
             self._kill(running)
+        # Volumes that live in short temporary directories (see _localpod) go with the runner.
+        for link in self.workdir.glob("*/volumes"):
+            if link.is_symlink():
+                shutil.rmtree(link.resolve(), ignore_errors=True)
+                link.unlink()
 
     def __enter__(self) -> PodRunner:
         return self.start()
