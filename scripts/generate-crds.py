@@ -75,7 +75,7 @@ def crd(
     short: list[str],
     spec: type[BaseModel],
     status: type[BaseModel],
-    columns: list[dict[str, str]],
+    columns: list[dict[str, Any]],
 ) -> dict[str, Any]:
     spec_schema, status_schema = schema_of(spec), schema_of(status)
     spec_schema.pop("description", None)
