@@ -107,9 +107,8 @@ def _example(minio: Any, name: str) -> dict[str, Any]:
         policies=[{"kind": "replay", "path": f"s3://{minio.bucket}/candidates.jsonl"}],
         budget={"rounds": 1, "samplesPerRound": 2},
         evaluation={"profile": "strict", "correctnessTrials": 1, "timingTrials": 10, "warmup": 1},
-        # One worker pod: worker pods of one job share the run's lease today (a second would wait).
-        parallelism=1,
-        tasksPerIndex=4,
+        parallelism=2,
+        tasksPerIndex=2,
     )
     return document
 
