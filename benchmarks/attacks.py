@@ -118,6 +118,8 @@ def run_attack(name: str, level: str, device: str, source_root: Path) -> dict[st
     python_path = (
         os.pathsep.join(str(source_root / part) for part in ("core", "evaluator")) + os.pathsep + str(ROOT)
     )
+    if os.environ.get("PYTHONPATH"):  # packages carried beside the image's (the GPU machine's pydantic)
+        python_path += os.pathsep + os.environ["PYTHONPATH"]
     work = Path(tempfile.mkdtemp(prefix="kf-attack-run-"))
     try:
         _store(work, python_path)

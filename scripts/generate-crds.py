@@ -123,7 +123,7 @@ def crd(
 
 
 def all_crds() -> dict[str, dict[str, Any]]:
-    age = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
+    age: dict[str, Any] = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
     return {
         "optimizationjobs.yaml": crd(
             "OptimizationJob",

@@ -37,7 +37,7 @@ if ! command -v bwrap >/dev/null 2>&1 && compgen -G ".debs/*.deb" >/dev/null; th
   for deb in .debs/*.deb; do dpkg -x "$deb" /tmp/bw || echo "gpu-check: cannot unpack $deb" >&2; done
   export PATH="/tmp/bw/usr/bin:$PATH"
 fi
-export PYTHONPATH="$PWD/core:$PWD/evaluator:$PWD/search:$PWD/trainer:$PWD:${PYTHONPATH:-}"
+export PYTHONPATH="$PWD/core:$PWD/evaluator:$PWD/search:$PWD/trainer:$PWD/operator:$PWD:${PYTHONPATH:-}"
 export PYTHONUNBUFFERED=1
 
 STAMP=$(date -u +%Y-%m-%d)

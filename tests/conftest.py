@@ -10,8 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from tests._servers._process import remove_tree
-
 ROOT = Path(__file__).resolve().parent.parent
 TIERS = ("unit", "integration", "e2e", "gpu")
 
@@ -27,6 +25,10 @@ def pytest_itemcollected(item: pytest.Item) -> None:
 
 @pytest.fixture(scope="session")
 def server_root() -> Iterator[Path]:
+    # Imported here: the servers' package needs what the GPU machine lacks (cryptography), and
+    # the GPU tier never starts a server.
+    from tests._servers._process import remove_tree
+
     path = Path(tempfile.mkdtemp(prefix="kernelfleet-servers-"))
     yield path
     remove_tree(path)

@@ -61,7 +61,9 @@ def installed(cluster: Any, minio: Any, tmp_path: Path) -> Iterator[dict[str, An
             "existingSecret": "kernelfleet-store",
         },
         "pools": {"classes": {"local": {"products": [LOCAL_PRODUCT]}}},
-        "networkPolicy": {"store": {"to": [{"ipBlock": {"cidr": "127.0.0.1/32"}}], "ports": [minio.port]}},
+        "networkPolicy": {
+            "store": {"to": [{"ipBlock": {"cidr": "127.0.0.1/32"}}], "ports": [minio.server.port]}
+        },
     }
     values_file = tmp_path / "values.yaml"
     values_file.write_text(yaml.safe_dump(values))

@@ -155,7 +155,7 @@ def test_install_creates_crds_operator_rbac_and_pools_then_uninstall_keeps_the_c
     deployment = apps.read_namespaced_deployment(f"{helm.fullname}-operator", cluster.namespace)
     assert deployment.spec.replicas == 1 and deployment.spec.strategy.type == "Recreate"
     (container,) = deployment.spec.template.spec.containers
-    assert container.command[:2] == ["kernelfleet", "operator"]
+    assert container.command[:2] == ["kernelfleet", "operator"] and "--all-namespaces" in container.command
     assert deployment.spec.template.spec.service_account_name == helm.fullname
     cluster.core.read_namespaced_service_account(helm.fullname, cluster.namespace)
 

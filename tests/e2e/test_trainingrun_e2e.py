@@ -81,83 +81,117 @@ def inputs(store: Any, tmp_path: Path) -> tuple[str, str]:
     return store.url_for("inputs/tiny-model"), store.url_for("inputs/sft.jsonl")
 
 
+TINY_GRPO = {
+    "learning_rate": 0.01,
+    "num_generations": 2,
+    "beta": 0.0,
+    "max_completion_length": 16,
+    "per_device_train_batch_size": 2,
+    "max_steps": 2,
+    "use_vllm": False,
+    "bf16": False,
+    "gradient_checkpointing": False,
+    "logging_steps": 1,
+    "save_steps": 1,
+}
+
+
+class Setup:
+    """MinIO with the inputs, the CRDs, the store Secret, and an operator (not started)."""
+
+    def __init__(self, cluster: Any, minio: Any, tmp_path: Path) -> None:
+        self.cluster = cluster
+        self.store_url = f"s3://{minio.bucket}/kf"
+        self.store = open_store(self.store_url, StoreConfig.from_env(minio.config()))
+        self.model_url, self.dataset_url = inputs(self.store, tmp_path)
+        apply_crds(cluster)
+        store_secret(cluster, "kernelfleet-store", minio)
+        self.operator = OperatorProcess(
+            cluster.kubeconfig,
+            cluster.namespace,
+            tmp_path / "operator",
+            env=minio.config(),
+            args=[
+                "--store",
+                self.store_url,
+                "--store-secret",
+                "kernelfleet-store",
+                "--pools",
+                str(pools_file(tmp_path / "pools.yaml")),
+            ],
+        )
+
+    def create(self, name: str, stages: list[dict[str, Any]]) -> RunRef:
+        body = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "TrainingRun",
+            "metadata": {"name": name},
+            "spec": {
+                "baseModel": self.model_url,
+                "tasks": [str(EXAMPLE_TASKS)],
+                "heldOut": {"fraction": 0.25, "evaluate": False},
+                "stages": stages,
+                "gpuClass": "runner",
+                "gpus": 1,
+                "rewardGpus": 0,
+                "evaluation": {"correctnessTrials": 1, "timingTrials": 10},
+            },
+        }
+        made = self.cluster.custom.create_namespaced_custom_object(
+            GROUP, VERSION, self.cluster.namespace, PLURAL, body
+        )
+        return RunRef(self.cluster.namespace, name, made["metadata"]["uid"])
+
+    def status(self, run: RunRef) -> dict[str, Any]:
+        resource = self.cluster.custom.get_namespaced_custom_object(
+            GROUP, VERSION, self.cluster.namespace, PLURAL, run.name
+        )
+        return resource.get("status") or {}
+
+    def wait_finished(self, run: RunRef) -> dict[str, Any]:
+        def finished() -> dict[str, Any] | None:
+            current = self.status(run)
+            if current.get("phase") == "Failed":
+                log = self.operator.log()[-4000:]
+                raise AssertionError(f"the run failed: {json.dumps(current, indent=2)}\n{log}")
+            return current if current.get("phase") == "Succeeded" else None
+
+        try:
+            result: dict[str, Any] = wait_for(f"{run.name} to finish", finished, timeout=WAIT_S)
+        except AssertionError as error:
+            raise AssertionError(f"{error}; {self.describe(run)}") from None
+        return result
+
+    def describe(self, run: RunRef) -> str:
+        """What a timed-out wait needs to be understood: the run's status, its Jobs and pods."""
+        namespace = self.cluster.namespace
+        jobs = [
+            (j.metadata.name, j.status.to_dict())
+            for j in self.cluster.batch.list_namespaced_job(namespace).items
+        ]
+        pods = [
+            (p.metadata.name, p.status.phase, p.metadata.deletion_timestamp, p.spec.node_name)
+            for p in self.cluster.core.list_namespaced_pod(namespace).items
+        ]
+        return f"status {json.dumps(self.status(run), default=str)}; jobs {jobs}; pods {pods}"
+
+    def sft_stage(self, steps: int) -> dict[str, Any]:
+        return {
+            "name": "sft",
+            "type": "sft",
+            "data": {"dataset": self.dataset_url},
+            "sft": {**TINY_SFT, "max_steps": steps, "save_steps": 1},
+        }
+
+
 def test_a_training_run_goes_through_its_stages_with_checkpoints_in_minio(
     cluster: Any, minio: Any, runner: PodRunner, tmp_path: Path
 ) -> None:
-    store_url = f"s3://{minio.bucket}/kf"
-    store = open_store(store_url, StoreConfig.from_env(minio.config()))
-    model_url, dataset_url = inputs(store, tmp_path)
-    apply_crds(cluster)
-    store_secret(cluster, "kernelfleet-store", minio)
-    operator = OperatorProcess(
-        cluster.kubeconfig,
-        cluster.namespace,
-        tmp_path / "operator",
-        env=minio.config(),
-        args=[
-            "--store",
-            store_url,
-            "--store-secret",
-            "kernelfleet-store",
-            "--pools",
-            str(pools_file(tmp_path / "pools.yaml")),
-        ],
-    )
-    tiny_grpo = {
-        "learning_rate": 0.01,
-        "num_generations": 2,
-        "beta": 0.0,
-        "max_completion_length": 16,
-        "per_device_train_batch_size": 2,
-        "max_steps": 2,
-        "use_vllm": False,
-        "bf16": False,
-        "gradient_checkpointing": False,
-        "logging_steps": 1,
-        "save_steps": 1,
-    }
-    body = {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "TrainingRun",
-        "metadata": {"name": "tiny"},
-        "spec": {
-            "baseModel": model_url,
-            "tasks": [str(EXAMPLE_TASKS)],
-            "heldOut": {"fraction": 0.25, "evaluate": False},
-            "stages": [
-                {
-                    "name": "sft",
-                    "type": "sft",
-                    "data": {"dataset": dataset_url},
-                    "sft": {**TINY_SFT, "max_steps": 2, "save_steps": 1},
-                },
-                {"name": "rl", "type": "grpo", "grpo": tiny_grpo},
-            ],
-            "gpuClass": "runner",
-            "gpus": 1,
-            "rewardGpus": 0,
-            "evaluation": {"correctnessTrials": 1, "timingTrials": 10},
-        },
-    }
-    with operator:
-        made = cluster.custom.create_namespaced_custom_object(GROUP, VERSION, cluster.namespace, PLURAL, body)
-        run = RunRef(cluster.namespace, "tiny", made["metadata"]["uid"])
-
-        def status() -> dict[str, Any]:
-            resource = cluster.custom.get_namespaced_custom_object(
-                GROUP, VERSION, cluster.namespace, PLURAL, run.name
-            )
-            return resource.get("status") or {}
-
-        def finished() -> dict[str, Any] | None:
-            current = status()
-            if current.get("phase") == "Failed":
-                raise AssertionError(
-                    f"the run failed: {json.dumps(current, indent=2)}\n{operator.log()[-4000:]}"
-                )
-            return current if current.get("phase") == "Succeeded" else None
-
-        final = wait_for("the run to finish", finished, timeout=WAIT_S)
+    setup = Setup(cluster, minio, tmp_path)
+    store = setup.store
+    with setup.operator:
+        run = setup.create("tiny", [setup.sft_stage(2), {"name": "rl", "type": "grpo", "grpo": TINY_GRPO}])
+        final = setup.wait_finished(run)
 
         # Each stage ran as its own pod on the runner's node and exited 0.
         pods = cluster.core.list_namespaced_pod(cluster.namespace).items
@@ -170,9 +204,7 @@ def test_a_training_run_goes_through_its_stages_with_checkpoints_in_minio(
         assert final["stagesDone"] == 2 and final["currentStage"] == ""
         for stage in final["stages"]:
             assert stage["phase"] == "Succeeded" and stage["step"] == 2, stage
-            assert stage["checkpoint"].startswith(
-                f"s3://{minio.bucket}/kf/{run.prefix}/stages/{stage['name']}/"
-            )
+            assert stage["checkpoint"].startswith(f"{setup.store_url}/{run.prefix}/stages/{stage['name']}/")
             assert stage["model"] == store.url_for(TrainingLayout(run.prefix).model(stage["name"]))
         assert "loss" in final["stages"][0]["metrics"]
         conditions = {c["type"]: c["status"] for c in final["conditions"]}
@@ -193,3 +225,45 @@ def test_a_training_run_goes_through_its_stages_with_checkpoints_in_minio(
             timeout=120.0,
         )
         assert latest_checkpoint(store, layout, "rl") is not None
+
+
+def test_an_evicted_stage_resumes_from_its_newest_checkpoint(
+    cluster: Any, minio: Any, runner: PodRunner, tmp_path: Path
+) -> None:
+    """The stage's pod is evicted (the Eviction API, as a node drain does) once a checkpoint is
+    in MinIO; the Job controller starts another pod, which resumes from that checkpoint."""
+    setup = Setup(cluster, minio, tmp_path)
+    store = setup.store
+    steps = 8
+    with setup.operator:
+        run = setup.create("evicted", [setup.sft_stage(steps)])
+        layout = TrainingLayout(run.prefix)
+        first = wait_for(
+            "a first checkpoint", lambda: latest_checkpoint(store, layout, "sft"), timeout=WAIT_S
+        )
+        (pod,) = cluster.core.list_namespaced_pod(
+            cluster.namespace, label_selector=f"job-name={run.job_name('sft')}"
+        ).items
+        cluster.core.create_namespaced_pod_eviction(
+            pod.metadata.name,
+            cluster.namespace,
+            {"metadata": {"name": pod.metadata.name, "namespace": cluster.namespace}},
+        )
+        final = setup.wait_finished(run)
+
+    # Two pods ran the stage: the evicted one (killed) and its replacement (exit 0).
+    codes = sorted(runner.exit_codes.items())
+    assert len(codes) == 2 and sorted(code for _, code in codes)[-1] == 0, codes
+    job = cluster.batch.read_namespaced_job(run.job_name("sft"), cluster.namespace)
+    assert not job.status.failed, "an eviction is not a failure: the Job's retries are untouched"
+    # The replacement resumed: its checkpoints (a new attempt) start after the evicted pod's.
+    attempts: dict[str, list[int]] = {}
+    for key in store.list(layout.checkpoints("sft")):
+        folder = key[len(layout.checkpoints("sft")) :].split("/", 1)[0]
+        _, step, attempt = folder.split("-")
+        attempts.setdefault(attempt, []).append(int(step))
+    assert len(attempts) == 2, attempts
+    before, after = sorted(attempts.values(), key=min)
+    assert min(after) > first[0] and min(after) > min(before) and max(after) == steps, attempts
+    stage = final["stages"][0]
+    assert stage["phase"] == "Succeeded" and stage["step"] == steps

@@ -66,7 +66,7 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     parser.add_argument("--baselines", action="store_true", help="also time eager, torch.compile, CUDA graph")
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     parser.set_defaults(handler=run)
-    actions = parser.add_subparsers(dest="eval_command", metavar="serve")
+    actions = parser.add_subparsers(dest="eval_command", metavar="serve|isolation")
     serve = actions.add_parser(
         "serve",
         help="an HTTP evaluation service over the local GPUs",

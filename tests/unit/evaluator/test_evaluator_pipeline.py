@@ -45,7 +45,9 @@ def test_the_timing_lane_is_lent_to_one_candidate_at_a_time() -> None:
             result.stages
         )
     assert snapshot["verdicts"] == {"correct": 3}
-    assert snapshot["timing_lane_busy_s"]["0"] >= sum(r.stages["timing"] for r in results)
+    # The lane is held around each timing stage (the snapshot rounds to the millisecond).
+    # both sides are rounded for display (the busy time to the millisecond): compare within that
+    assert snapshot["timing_lane_busy_s"]["0"] >= sum(r.stages["timing"] for r in results) - 1e-2
     assert 0 < snapshot["timing_lane_busy_share"]["0"] <= 1
     assert snapshot["running"] == snapshot["waiting"] == 0
 

@@ -4,6 +4,7 @@ the mount view a candidate gets, the isolation levels and the refusal below a mi
 from __future__ import annotations
 
 import os
+import random
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from kernelfleet.core.settings import ISOLATION_LEVELS
 from kernelfleet.evaluator import EvalConfig, Evaluator
 from kernelfleet.evaluator import _sandbox as S
 from kernelfleet.evaluator._confine import seccomp_program
+from kernelfleet.evaluator._protocol import clock_mismatch
 from kernelfleet.evaluator._wire import MalformedTensors, read_tree, write_tree
 
 LIMIT = 1 << 24
@@ -130,3 +132,33 @@ def test_a_minimum_the_machine_cannot_meet_is_refused_with_what_to_install(
 def test_the_seccomp_filter_is_a_whole_program() -> None:
     program = seccomp_program([1234])
     assert len(program) % 8 == 0 and 50 < len(program) // 8 < 4096
+
+
+def test_the_outside_clock_catches_a_forged_timing_but_not_a_busy_machine() -> None:
+    rng = random.Random(7)
+    rounds = 100
+
+    def noise() -> float:  # scheduling delays: mostly small, sometimes milliseconds
+        return rng.expovariate(1 / 0.3) + (rng.random() < 0.1) * rng.uniform(1, 5)
+
+    true_ms = [1.0 + rng.gauss(0, 0.02) for _ in range(rounds)]
+    ref_ms = [2.0 + rng.gauss(0, 0.02) for _ in range(rounds)]
+    outside_ref = [m + 0.2 + noise() for m in ref_ms]
+    outside_cand = [m + 0.2 + noise() for m in true_ms]
+    honest = clock_mismatch(
+        {"candidate": true_ms, "reference": ref_ms}, {"candidate": outside_cand, "reference": outside_ref}
+    )
+    assert honest is None
+    forged = clock_mismatch(
+        {"candidate": [m / 10 for m in true_ms], "reference": ref_ms},
+        {"candidate": outside_cand, "reference": outside_ref},
+    )
+    assert forged is not None and forged.startswith("clock-mismatch")
+    # Too few rounds to tell: no verdict from the clock.
+    assert (
+        clock_mismatch(
+            {"candidate": [0.1] * 10, "reference": [1.0] * 10},
+            {"candidate": [5.0] * 10, "reference": [1.1] * 10},
+        )
+        is None
+    )

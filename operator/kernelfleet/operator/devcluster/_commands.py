@@ -186,12 +186,11 @@ def demo(args: argparse.Namespace) -> int:
             "1",
             "--warmup",
             "1",
-            # One worker pod for the four tasks: worker pods of one job share the run's lease
-            # today, so a second pod would wait for the first.
+            # Two worker pods side by side, two tasks each.
             "--parallelism",
-            "1",
+            "2",
             "--tasks-per-index",
-            "4",
+            "2",
             "--wait",
         ]
         _say("$ kernelfleet " + " ".join(argv))

@@ -316,6 +316,10 @@ class PodRunner:
             self.exit_codes[running.pod_name] = code
             try:
                 if running.deleting:
+                    # As a kubelet does: the killed pod ends Failed (keeping the conditions the
+                    # API server gave it, such as an eviction's DisruptionTarget) before it goes,
+                    # so that a Job with a pod failure policy sees it end and replaces it.
+                    self._report_killed(running)
                     self.core.delete_namespaced_pod(
                         running.pod_name, running.namespace, grace_period_seconds=0
                     )
@@ -366,6 +370,33 @@ class PodRunner:
             except ApiException as error:
                 if error.status != 404:
                     log.warning("could not report pod %s finished: %s", running.pod_name, error)
+
+    def _report_killed(self, running: _Running) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        now = _now()
+        try:
+            pod = self.core.read_namespaced_pod(running.pod_name, running.namespace)
+            container = pod.spec.containers[0]
+            terminated = {"exitCode": 137, "reason": "Error", "startedAt": now, "finishedAt": now}
+            status = {
+                "phase": "Failed",
+                "containerStatuses": [
+                    {
+                        "name": container.name,
+                        "image": container.image,
+                        "imageID": "",
+                        "ready": False,
+                        "restartCount": 0,
+                        "started": False,
+                        "state": {"terminated": terminated},
+                    }
+                ],
+            }
+            self.core.patch_namespaced_pod_status(running.pod_name, running.namespace, {"status": status})
+        except ApiException as error:
+            if error.status != 404:
+                log.warning("could not report pod %s killed: %s", running.pod_name, error)
 
     def _finalize_deleted(self, pod: Any) -> None:
         from kubernetes.client.exceptions import ApiException
