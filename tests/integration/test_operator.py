@@ -8,6 +8,7 @@ where a test needs it, exactly as the Job controller would write it.
 
 from __future__ import annotations
 
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from kubernetes.client.exceptions import ApiException
 from kernelfleet.core.config import StoreConfig
 from kernelfleet.core.jobplan import JobPlan, Role, TaskOutcome, job_prefix, outcome_key, plan_key
 from kernelfleet.core.store import open_store
+from kernelfleet.core.tasks import load_tasks
 from tests._servers._process import wait_for
 from tests.support.operator import (
     GROUP,
@@ -27,6 +29,7 @@ from tests.support.operator import (
     create,
     jobs_of,
     optimization_job,
+    read,
     store_secret,
     wait_condition,
 )
@@ -204,35 +207,18 @@ def test_kueue_jobs_are_created_suspended_with_the_queue_label(operator: Any, ku
     assert job.metadata.labels["kueue.x-k8s.io/queue-name"] == "gpus"
 
 
-def test_status_folds_job_status_and_outcomes_into_complete(operator: Any, kube: Any, minio: Any) -> None:
-    create(kube, optimization_job("fold", tasks=["kernelbench-v0:1:1-2"], gpuClasses=["h100"]))
-    resource = wait_condition(kube, "fold", "Accepted", timeout=WAIT_S)
-    plan = _plan(minio, resource)
-    (job,) = wait_for("the Job", lambda: jobs_of(kube, "fold"), timeout=WAIT_S)
-    store = _store(minio)
-    from kernelfleet.core.tasks import load_tasks
-
-    for task, speedup in zip(load_tasks("kernelbench-v0:1:1-2"), (1.5, 3.0), strict=True):
-        outcome = TaskOutcome(
-            task_hash=task.hash,
-            task_name=task.name,
-            gpu_class="h100",
-            ok=True,
-            best_speedup=speedup,
-            variants=4,
-        )
-        store.put_json(outcome_key(plan.prefix, Role.SEARCH, "h100", task.hash), outcome)
-    # What the Job controller writes when both indexes succeeded.
+def _complete(kube: Any, job_name: str, indexes: int) -> None:
+    """What the Job controller writes when every index succeeded."""
     now = "2026-12-01T00:00:00Z"
     kube.batch.patch_namespaced_job_status(
-        job.metadata.name,
+        job_name,
         kube.namespace,
         {
             "status": {
                 "startTime": now,
                 "completionTime": now,
-                "succeeded": 2,
-                "completedIndexes": "0-1",
+                "succeeded": indexes,
+                "completedIndexes": f"0-{indexes - 1}" if indexes > 1 else "0",
                 "conditions": [
                     {
                         "type": "SuccessCriteriaMet",
@@ -245,6 +231,47 @@ def test_status_folds_job_status_and_outcomes_into_complete(operator: Any, kube:
             }
         },
     )
+
+
+def test_status_folds_job_status_and_outcomes_into_complete(operator: Any, kube: Any, minio: Any) -> None:
+    create(
+        kube, optimization_job("fold", tasks=["kernelbench-v0:1:1-2"], gpuClasses=["h100"], verifyOn=["l40"])
+    )
+    resource = wait_condition(kube, "fold", "Accepted", timeout=WAIT_S)
+    plan = _plan(minio, resource)
+    (job,) = wait_for("the search Job", lambda: jobs_of(kube, "fold"), timeout=WAIT_S)
+    assert job.metadata.labels["kernelfleet.io/role"] == "search"
+    store = _store(minio)
+    for task, speedup in zip(load_tasks("kernelbench-v0:1:1-2"), (1.5, 3.0), strict=True):
+        outcome = TaskOutcome(
+            task_hash=task.hash,
+            task_name=task.name,
+            gpu_class="h100",
+            ok=True,
+            best_speedup=speedup,
+            variants=4,
+        )
+        store.put_json(outcome_key(plan.prefix, Role.SEARCH, "h100", task.hash), outcome)
+    _complete(kube, job.metadata.name, 2)
+    # The search ended: one small Job re-verifies the best variants on the verifyOn class.
+    verify_job = wait_for(
+        "the verification Job",
+        lambda: [j for j in jobs_of(kube, "fold") if j.metadata.labels["kernelfleet.io/role"] == "verify"],
+        timeout=WAIT_S,
+    )[0]
+    assert verify_job.metadata.labels["kernelfleet.io/gpu-class"] == "l40"
+    assert "--role" in verify_job.spec.template.spec.containers[0].command
+    assert wait_for(
+        "the phase Verifying", lambda: read(kube, "fold")["status"]["phase"] == "Verifying", WAIT_S
+    )
+    for task, ratio in zip(load_tasks("kernelbench-v0:1:1-2"), (0.5, 1.0), strict=True):
+        searched = 1.5 if task.task_id == 1 else 3.0
+        outcome = TaskOutcome(
+            task_hash=task.hash, task_name=task.name, gpu_class="l40", role=Role.VERIFY, ok=True,
+            best_speedup=searched * ratio, verified=True, source_class="h100", source_speedup=searched,
+        )  # fmt: skip
+        store.put_json(outcome_key(plan.prefix, Role.VERIFY, "l40", task.hash), outcome)
+    _complete(kube, verify_job.metadata.name, verify_job.spec.completions)
     resource = wait_condition(kube, "fold", "Complete", timeout=WAIT_S)
     status = resource["status"]
     assert status["phase"] == "Succeeded"
@@ -257,6 +284,49 @@ def test_status_folds_job_status_and_outcomes_into_complete(operator: Any, kube:
     assert status["perClass"]["h100"]["bestSpeedup"] == 3.0
     assert status["perClass"]["h100"]["medianSpeedup"] == 2.25
     assert status["observedGeneration"] == resource["metadata"]["generation"]
+    assert status["verification"]["l40"]["verified"] == 2
+    assert status["verification"]["l40"]["medianRatio"] == 0.75
     events = kube.core.list_namespaced_event(kube.namespace, field_selector="involvedObject.name=fold").items
     assert any(e.reason == "AllTasksEnded" for e in events)
     assert "kernelfleet_operator_status_patches_total" in operator.metrics()
+    with urllib.request.urlopen(f"http://127.0.0.1:{operator.health_port}/healthz", timeout=10) as response:
+        assert response.status == 200
+
+
+def test_a_second_operator_pauses_while_the_first_runs(kube: Any, minio: Any, tmp_path: Path) -> None:
+    """kopf peering: with its CRDs applied, operators record keep-alives in the peering object
+    the first one creates; one of lower priority pauses and leaves every resource alone."""
+    apply_crds(kube, ("optimizationjobs.yaml", "kopf-kopfpeerings.yaml", "kopf-clusterkopfpeerings.yaml"))
+    store_secret(kube, "kernelfleet-store", minio)
+    common = {"env": minio.config(), "standalone": False}
+    args = ["--store", f"s3://{minio.bucket}/kf", "--store-secret", "kernelfleet-store"]
+    first = OperatorProcess(
+        kube.kubeconfig, kube.namespace, tmp_path, name="first", args=[*args, "--priority=100"], **common
+    )
+    second = OperatorProcess(
+        kube.kubeconfig, kube.namespace, tmp_path, name="second", args=[*args, "--priority=1"], **common
+    )
+    with first:
+        peering = wait_for(
+            "the peering object",
+            lambda: _get_peering(kube),
+            timeout=WAIT_S,
+        )
+        assert peering["metadata"]["name"] == "kernelfleet"
+        with second:
+            wait_for("the second operator to pause", lambda: "Pausing" in second.log(), timeout=WAIT_S)
+            create(kube, optimization_job("peered", tasks=["kernelbench-v0:1:1"], gpuClasses=["h100"]))
+            wait_condition(kube, "peered", "Accepted", timeout=WAIT_S)
+            assert len(jobs_of(kube, "peered")) == 1
+        assert "Pausing" not in first.log()
+
+
+def _get_peering(kube: Any) -> Any:
+    try:
+        return kube.custom.get_namespaced_custom_object(
+            "kopf.dev", "v1", kube.namespace, "kopfpeerings", "kernelfleet"
+        )
+    except ApiException as error:
+        if error.status == 404:
+            return None
+        raise

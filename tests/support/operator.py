@@ -31,6 +31,8 @@ class OperatorProcess:
         *,
         env: Mapping[str, str] | None = None,
         args: Sequence[str] = (),
+        standalone: bool = True,
+        name: str = "operator",
     ) -> None:
         self.metrics_port = free_port()
         self.health_port = free_port()
@@ -41,7 +43,7 @@ class OperatorProcess:
             "operator",
             "--namespace",
             namespace,
-            "--standalone",
+            *(["--standalone"] if standalone else []),
             f"--liveness=http://127.0.0.1:{self.health_port}/healthz",
             "--metrics-host=127.0.0.1",
             f"--metrics-port={self.metrics_port}",
@@ -50,7 +52,7 @@ class OperatorProcess:
         ]
         self.env = {**os.environ, "KUBECONFIG": str(kubeconfig), **(env or {})}
         workdir.mkdir(parents=True, exist_ok=True)
-        self.log_path = workdir / "operator.log"
+        self.log_path = workdir / f"{name}.log"
         self._proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
@@ -94,11 +96,11 @@ class OperatorProcess:
         self.stop()
 
 
-def apply_crds(kube: Any) -> None:
-    """Create the kernelfleet CRDs (once per control plane) and wait until they are served."""
+def apply_crds(kube: Any, names: Sequence[str] = ("optimizationjobs.yaml", "trainingruns.yaml")) -> None:
+    """Create the CRDs in crds/ (once per control plane) and wait until they are served."""
     from kubernetes.client.exceptions import ApiException
 
-    for name in ("optimizationjobs.yaml", "trainingruns.yaml"):
+    for name in names:
         document = yaml.safe_load((ROOT / "crds" / name).read_text())
         try:
             kube.apiextensions.create_custom_resource_definition(document)

@@ -21,6 +21,7 @@ kopf embedded (kopf.run) with our settings instead of through `kopf run -m`.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import threading
 from collections.abc import Sequence
@@ -40,6 +41,7 @@ log = logging.getLogger("kernelfleet.operator")
 
 REGISTRY = kopf.OperatorRegistry()
 DEFAULT_PEERING = "kernelfleet"
+STORE_THREADS = 32
 
 
 @dataclass
@@ -206,6 +208,11 @@ def run(settings: OperatorSettings, options: RunOptions, stop_flag: threading.Ev
     )
 
     async def main() -> None:
+        # Store calls (MinIO/S3) run in threads and mostly wait on the network: many at once,
+        # or a hundred jobs' passes queue behind a handful of threads.
+        asyncio.get_running_loop().set_default_executor(
+            concurrent.futures.ThreadPoolExecutor(max_workers=STORE_THREADS, thread_name_prefix="store")
+        )
         runner = None
         if options.metrics_port is not None:
             runner = await serve(rt.metrics, options.metrics_host, options.metrics_port)

@@ -387,7 +387,9 @@ def _record_ended(
                 store.put_json(ended_key(plan.prefix, name), record)
             memory.ended[name] = view
         if view is None:
-            if name not in memory.ended:
+            # Gone: maybe ended and deleted (ttlSecondsAfterFinished). A Job this process created
+            # and never saw end is simply not in the index yet: no need to ask the store.
+            if name not in memory.ended and name not in memory.created:
                 try:
                     raw = store.get_json(ended_key(plan.prefix, name))
                 except NotFound:
@@ -398,7 +400,8 @@ def _record_ended(
                     succeeded=raw["succeeded"], failed_indexes=frozenset(raw["failed_indexes"]),
                     finished=raw["finished"], reason=raw["reason"], deleting=False,
                 )  # fmt: skip
-            result[name] = memory.ended[name]
+            if name in memory.ended:
+                result[name] = memory.ended[name]
     return result
 
 

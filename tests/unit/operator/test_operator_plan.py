@@ -280,3 +280,26 @@ def test_index_reads_only_kernelfleet_jobs() -> None:
     assert key == ("ns", UID)
     assert (view.succeeded, view.failed_indexes, view.active) == (3, frozenset({1}), 1)
     assert index_jobs(kopf.Body({"metadata": {"name": "other", "labels": {}}})) is None
+
+
+def test_an_ended_job_removed_by_its_ttl_is_neither_recreated_nor_forgotten(tmp_path: Path) -> None:
+    from kernelfleet.operator.optimizationjob import _Memory, _record_ended
+
+    store = open_store(tmp_path)
+    plan = make_plan(
+        namespace="ns", name="demo", uid=UID, spec=_spec(), tasks_total=5, max_indexes_per_job=2000
+    )
+    name = plan.shards[0].job_name
+    ended = _view(name, succeeded=4, failed_indexes=frozenset({4}), completions=5, finished="Complete")
+    first = _Memory(created={name})
+    assert _record_ended(store, plan, {name: ended}, first)[name] == ended
+    # The Job is deleted (TTL) while the operator runs: the status keeps its counts.
+    assert _record_ended(store, plan, {}, first)[name].succeeded == 4
+    # After a restart, the record in the store stands for it.
+    again = _record_ended(store, plan, {}, _Memory())[name]
+    assert (again.finished, again.succeeded, again.failed_indexes) == ("Complete", 4, frozenset({4}))
+    # A Job never seen ended is not invented.
+    other = make_plan(
+        namespace="ns", name="other", uid=UID, spec=_spec(), tasks_total=5, max_indexes_per_job=2000
+    )
+    assert _record_ended(store, other, {}, _Memory()) == {}
