@@ -99,13 +99,21 @@ def runtime_failure(error: BaseException, stage: str) -> Stop:
     )
 
 
-def _import_failure(error: BaseException, source: str) -> Stop:
-    if isinstance(error, SyntaxError):
-        return Stop("compile_error", [R.reason(R.SYNTAX_ERROR, _first_line(error))])
+def build_failure(error: BaseException, source: str) -> Stop | None:
+    """A compile_error when `error` is a C++/CUDA extension's failed build, else None."""
     text = str(error)
     native = "load_inline" in source or "cpp_extension" in source
     if native and ("Error building extension" in text or "ninja" in text.lower() or "nvcc" in text):
         return Stop("compile_error", [R.reason(R.BUILD_ERROR, _first_line(error))])
+    return None
+
+
+def _import_failure(error: BaseException, source: str) -> Stop:
+    if isinstance(error, SyntaxError):
+        return Stop("compile_error", [R.reason(R.SYNTAX_ERROR, _first_line(error))])
+    failed = build_failure(error, source)
+    if failed is not None:
+        return failed
     if _is_oom(error):
         return Stop(
             "runtime_error", [R.reason(R.OUT_OF_MEMORY, f"importing the candidate: {_first_line(error)}")]

@@ -649,7 +649,7 @@ class Evaluator:
             self._sandbox(),
             sides,
             config,
-            "",
+            item.task.code,
             item.code,
             0,
             timeout=3 * config.compile_timeout_s,

@@ -766,8 +766,9 @@ class Evaluation:
     # ------------------------------------------------------------ other jobs
 
     def build(self, build_walls: Walls, cpu_limit_s: float) -> Outcome:
-        """Import the candidate once so that its extensions compile (walled in, writing only
-        its build directory). The limit is the build's CPU time, compilers included."""
+        """Import the candidate, build its model and call it once, so that its extensions
+        compile (walled in, writing only its build directory). The limit is the build's CPU
+        time, compilers included."""
         started = time.monotonic()
         self.deadline = started + self.timeout
         answer: dict[str, Any] | None = None
@@ -776,7 +777,14 @@ class Evaluation:
         self.cand = self._spawn_build(build_walls)
         try:
             pid = host_pid(self.sandbox, self.cand)
-            self.cand.channel.send({"op": "build", "candidate": self.code})
+            self.cand.channel.send(
+                {
+                    "op": "build",
+                    "candidate": self.code,
+                    "reference": self.reference,
+                    "device": self.config.device,
+                }
+            )
             while True:
                 if pid and tree_cpu_seconds(pid) > cpu_limit_s:
                     raise _Timeout()

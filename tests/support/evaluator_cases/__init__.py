@@ -512,6 +512,27 @@ class ModelNew(nn.Module):
         return _ext.relu_mm(A, B)
 '''
 
+# Compiles in ModelNew.__init__, as most published kernels do, and its C++ does not compile:
+# the build pool must find that, not the evaluation.
+LAZY_BROKEN_CPP = r"""
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ext = load_inline(
+            name="kf_test_lazy_broken",
+            cpp_sources="torch::Tensor relu_mm(torch::Tensor a, torch::Tensor b) { return a +; }",
+            functions=["relu_mm"],
+        )
+
+    def forward(self, A, B):
+        return self.ext.relu_mm(A, B)
+"""
+
 # ---------------------------------------------------------------- failures
 
 SYNTAX_ERROR = """

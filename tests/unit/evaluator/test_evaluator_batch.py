@@ -135,6 +135,17 @@ def test_a_native_build_that_outlives_its_timeout_is_killed(tmp_path: Path) -> N
     assert time.monotonic() - started < 60
 
 
+def test_a_build_in_the_models_constructor_happens_in_the_build_pool(tmp_path: Path) -> None:
+    """The build constructs ModelNew, so a compile in __init__ fails there and the evaluation
+    never loads the candidate (the device's slots never wait for nvcc)."""
+    config = EvalConfig(**FAST, compile_timeout_s=600.0, cache_dir=str(tmp_path))
+    with Evaluator(config) as evaluator:
+        result = evaluator.evaluate(MATMUL, C.LAZY_BROKEN_CPP)
+    assert result.verdict == Verdict.COMPILE_ERROR, (result.reasons, result.log)
+    assert R.codes(result.reasons) == {R.BUILD_ERROR}
+    assert "build" in result.stages and "candidate_load" not in result.stages
+
+
 def test_an_honest_cpp_kernel_builds_in_the_pool_and_passes_require_kernel() -> None:
     """The first run compiles (tens of seconds on 2 cores); the build cache makes reruns fast."""
     config = EvalConfig(**{**FAST, "compile_timeout_s": 900.0, "timeout_seconds": 300.0}, require_kernel=True)
