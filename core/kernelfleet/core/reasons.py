@@ -54,6 +54,7 @@ DEGENERATE_TASK = "degenerate-task"
 NATIVE_THREADS = "native-threads"
 TRACE_UNAVAILABLE = "trace-unavailable"
 SETTING_APPLIED = "setting-applied"
+REFERENCE_REUSED = "reference-reused"  # the reference's timing came from earlier in the session
 NOT_EVALUATED = "not-evaluated"
 
 REJECTING = frozenset(

@@ -155,6 +155,18 @@ class EvalConfig(EvaluationSettings):
     timing_budget_s: float = Field(
         default=30.0, gt=0, description="No new timing batch starts after this many seconds of timing."
     )
+    reference_reuse: bool = Field(
+        default=True,
+        description="Time a task's reference once per device and evaluator session, then only on every "
+        "4th round as a drift check (the lane's time nearly halves for many candidates of one task); "
+        "False: every evaluation times both sides on every round.",
+    )
+    reference_drift: float = Field(
+        default=0.02,
+        gt=0,
+        description="A reused reference timing stands while the drift check's median is within this "
+        "fraction of it; otherwise the evaluation times both sides again and renews it.",
+    )
     lane_slots: int | None = Field(
         default=None,
         ge=1,

@@ -234,6 +234,8 @@ class Evaluator:
         self._pipeline_lock = threading.Lock()
         self._items: set[_Item] = set()
         self._closed = False
+        self._banks: dict[tuple[str, ...], list[float]] = {}
+        self._banks_lock = threading.Lock()
         self.metrics = Metrics()
 
     # -- lifecycle
@@ -496,9 +498,41 @@ class Evaluator:
             isolation=outcome.isolation,
         )
 
-    def _child(self, item: _Item, lane: _Lane) -> Outcome:
+    # -- reference timings, once per task, device and session
+
+    def _bank_key(self, item: _Item, lane: _Lane, settings: dict[str, str]) -> tuple[str, ...]:
+        config = item.config.model_dump_json(exclude={"seed", "speedup_recheck", "review_ceiling"})
+        return (item.task.hash, str(lane.index), source_hash(config), repr(sorted(settings.items())))
+
+    def _reference_bank(self, item: _Item, lane: _Lane) -> Any:
+        """What an evaluation asks for its reference timing: the reference's samples from the
+        last paired timing of a correct candidate of the same task, on this device, with the
+        same config and settings."""
+
+        def lookup(settings: dict[str, str]) -> list[float] | None:
+            with self._banks_lock:
+                bank = self._banks.get(self._bank_key(item, lane, settings))
+            return list(bank) if bank else None
+
+        return lookup
+
+    def _keep_bank(self, item: _Item, lane: _Lane, answer: dict[str, Any]) -> None:
+        timing = answer.get("reference_timing") or {}
+        if (
+            item.config.reference_reuse
+            and timing.get("paired")
+            and answer.get("verdict") == "correct"
+            and answer.get("reference_ms")
+        ):
+            key = self._bank_key(item, lane, dict(answer.get("settings") or {}))
+            with self._banks_lock:
+                self._banks[key] = [float(ms) for ms in answer["reference_ms"]]
+
+    def _child(self, item: _Item, lane: _Lane, *, reuse: bool = True) -> Outcome:
         """One evaluation (a judge and a candidate process) on `lane`; it holds the lane's
-        timing lock, and the machine-wide lock of the device, while it times."""
+        timing lock, and the machine-wide lock of the device, while it times. `reuse`: the
+        reference's timing may come from the session's bank (never for a re-check, which is an
+        independent, paired measurement)."""
         held = False
 
         device = DeviceLock(lane.device_id)
@@ -538,6 +572,7 @@ class Evaluator:
                 cancel=item.cancel,
                 take_lane=take_lane,
                 release_lane=release_lane,
+                reference_bank=self._reference_bank(item, lane) if reuse and config.reference_reuse else None,
             )
             outcome = evaluation.run()
         finally:
@@ -567,7 +602,18 @@ class Evaluator:
                 log=outcome.log,
                 isolation=outcome.isolation,
             )
+        self._keep_bank(item, lane, answer)
         reasons = list(answer["reasons"])
+        reused = answer.get("reference_timing") or {}
+        if reused.get("paired") is False:
+            reasons.append(
+                R.reason(
+                    R.REFERENCE_REUSED,
+                    f"the reference's timing ({reused.get('bank_rounds')} rounds) is this session's for the "
+                    f"task; {reused.get('checks')} drift-check rounds agreed within "
+                    f"{abs(float(reused.get('drift') or 0.0)):.1%}",
+                )
+            )
         verdict = answer["verdict"]
         reference = candidate = None
         speedup = answer.get("speedup")
@@ -577,7 +623,7 @@ class Evaluator:
             candidate = timing_from(answer["candidate_ms"])
         if verdict == "correct" and speedup is not None and self._needs_recheck(speedup, config):
             begin = time.monotonic()
-            recheck = self._child(item, lane)
+            recheck = self._child(item, lane, reuse=False)
             item.stages["recheck"] = time.monotonic() - begin
             second = recheck.answer
             if second is None or second.get("status") != "ok":

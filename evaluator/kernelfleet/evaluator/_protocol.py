@@ -40,11 +40,19 @@ from kernelfleet.evaluator._cputime import tree_cpu_seconds
 from kernelfleet.evaluator._guards import PRECISION_FLAGS
 from kernelfleet.evaluator._ops import builds_custom_kernel, declared_kernels, fallback_sets
 from kernelfleet.evaluator._sandbox import Sandbox, SandboxChild, SandboxError, Walls, host_pid
-from kernelfleet.evaluator._timing import TimingRun, adaptive_timing, decide, escaped_work_ms, stats
+from kernelfleet.evaluator._timing import (
+    AdaptiveTiming,
+    TimingRun,
+    adaptive_timing,
+    decide,
+    escaped_work_ms,
+    stats,
+)
 from kernelfleet.evaluator._wire import ChannelClosed, ProtocolError
 
 _FLOATING = {"float16", "bfloat16", "float32", "float64"}
 _SPOT_RATE = 0.1  # share of timed rounds whose candidate output the judge checks
+_CHECK_EVERY = 4  # with a reference bank, the reference is timed on every 4th round: the drift check
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,6 +118,7 @@ class Evaluation:
         cancel: threading.Event | None = None,
         take_lane: Callable[[], None] | None = None,
         release_lane: Callable[[], None] | None = None,
+        reference_bank: Callable[[dict[str, str]], list[float] | None] | None = None,
     ) -> None:
         self.sandbox = sandbox
         self.sides = sides
@@ -122,6 +131,9 @@ class Evaluation:
         self.cancel = cancel
         self.take_lane = take_lane
         self.release_lane = release_lane
+        # The reference's timing samples from an earlier evaluation of this task on this device
+        # with these settings (see `Evaluator._reference_bank`); None: time both sides paired.
+        self.reference_bank = reference_bank
         self.reasons: list[str] = []
         self.settings: dict[str, str] = {}
         self.flag_values: dict[str, Any] = {}
@@ -681,6 +693,8 @@ class Evaluation:
                 str(problem) if problem else None,
             )
 
+        light = [False]  # True: the reference runs only on drift-check rounds (and spot checks)
+
         def measure(rounds: int, first: bool) -> tuple[list[float], list[float]]:
             warmup = config.warmup if first else 2
             batch: dict[str, list[float]] = {"reference": [], "candidate": []}
@@ -694,9 +708,11 @@ class Evaluation:
                 timed = round_index >= warmup
                 keep = timed and (round_index == warmup + rounds - 1 or self.rng.random() < _SPOT_RATE)
                 message = {"op": "round", "index": index, "moves": moves, "seed": seed, "keep": keep}
+                both = not light[0] or keep or not timed or (round_index - warmup) % _CHECK_EVERY == 0
                 results = {}
                 for label in order:
-                    results[label] = side(label, message)
+                    if both or label == "candidate":
+                        results[label] = side(label, message)
                 problem = results["candidate"][3]
                 if problem is None and keep:
                     output = self.name("round")
@@ -710,7 +726,7 @@ class Evaluation:
                 if problem is not None:
                     failed.append((counter[0], problem))
                 if timed:
-                    for label in ("reference", "candidate"):
+                    for label in results:
                         ms, naive, span, _ = results[label]
                         batch[label].append(ms)
                         total.samples[label].append(ms)
@@ -725,15 +741,29 @@ class Evaluation:
                 raise _Stop("rejected", [f"{problem} (round {first_round}, {len(failed)} rounds)"])
             return batch["reference"], batch["candidate"]
 
-        timed = adaptive_timing(
-            measure,
-            trials=config.timing_trials,
-            extra_batches=config.timing_retries,
-            precision=config.timing_precision,
-            max_cv=config.max_speedup_cv,
-            budget_s=config.timing_budget_s,
-            seed=self.rng.getrandbits(31),
-        )
+        def timed_rounds(bank: list[float] | None) -> AdaptiveTiming:
+            light[0] = bank is not None
+            return adaptive_timing(
+                measure,
+                trials=config.timing_trials,
+                extra_batches=config.timing_retries,
+                precision=config.timing_precision,
+                max_cv=config.max_speedup_cv,
+                budget_s=config.timing_budget_s,
+                seed=self.rng.getrandbits(31),
+                reference_bank=bank,
+                drift_tolerance=config.reference_drift,
+            )
+
+        known = self.reference_bank(dict(self.settings)) if self.reference_bank is not None else None
+        timed = timed_rounds(known)
+        reuse: dict[str, Any] = {"paired": True}
+        if timed.drifted:
+            reuse = {"paired": True, "drift": timed.drift, "bank_rounds": len(known or [])}
+            timed = timed_rounds(None)  # the reference moved since the bank was timed: both sides again
+        elif known is not None:
+            reuse = {"paired": False, "drift": timed.drift, "bank_rounds": len(known)}
+            reuse["checks"] = len(timed.checks)
         escaped = escaped_work_ms(total, "candidate", "reference") if total.naive["candidate"] else 0.0
         cand_median = stats(timed.candidate).median_ms
         if escaped > max(0.015, 0.1 * cand_median):
@@ -761,6 +791,8 @@ class Evaluation:
             "speedup_ci": [estimate.low, estimate.high] if speedup is not None else None,
             "speedup_cv": estimate.bucket_cv,
             "timing_batches": timed.batches,
+            "reference_timing": reuse,
+            "settled": timed.settled,
         }
 
     # ------------------------------------------------------------ other jobs

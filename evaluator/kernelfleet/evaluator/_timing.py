@@ -239,30 +239,39 @@ def speedup_interval(
     confidence: float = 0.95,
     resamples: int = 2000,
     seed: int = 0,
+    paired: bool = True,
 ) -> SpeedupEstimate:
-    """Median over median, with a paired bootstrap interval.
+    """Median over median, with a bootstrap interval.
 
-    Rounds are resampled as pairs (reference and candidate of the same round together): the two
-    were timed back to back on the same inputs, so a slow spell of the machine moves both and
-    the pairing keeps it out of the ratio's interval, where independent resampling would widen
-    it. Percentile interval; the number of resamples keeps its ends stable to ~0.1%.
+    Paired (the default), rounds are resampled as pairs (reference and candidate of the same
+    round together): the two were timed back to back on the same inputs, so a slow spell of the
+    machine moves both and the pairing keeps it out of the ratio's interval, where independent
+    resampling would widen it. Unpaired (a reference timed in an earlier evaluation), the two
+    sides are resampled independently and the time buckets are the candidate's alone. Percentile
+    interval; the number of resamples keeps its ends stable to ~0.1%.
     """
     import numpy as np
 
     ref = np.asarray(reference, dtype=np.float64)
     cand = np.asarray(candidate, dtype=np.float64)
+    if paired:
+        n = min(len(ref), len(cand))
+        ref, cand = ref[:n], cand[:n]
     n = min(len(ref), len(cand))
-    ref, cand = ref[:n], cand[:n]
     point = float(np.median(ref) / np.median(cand)) if n and np.median(cand) > 0 else float("inf")
-    cv = coefficient_of_variation(bucket_speedups(list(ref), list(cand)))
+    if paired:
+        cv = coefficient_of_variation(bucket_speedups(list(ref), list(cand)))
+    else:
+        cv = coefficient_of_variation(bucket_speedups([float(np.median(ref))] * len(cand), list(cand)))
     if n < 3 or not np.isfinite(point):
-        return SpeedupEstimate(point, 0.0, float("inf"), n, cv)
+        return SpeedupEstimate(point, 0.0, float("inf"), len(cand), cv)
     rng = np.random.default_rng(seed)
-    picks = rng.integers(0, n, size=(resamples, n))
-    ratios = np.median(ref[picks], axis=1) / np.maximum(np.median(cand[picks], axis=1), 1e-12)
+    picks = rng.integers(0, len(cand), size=(resamples, len(cand)))
+    ref_picks = picks if paired else rng.integers(0, len(ref), size=(resamples, len(ref)))
+    ratios = np.median(ref[ref_picks], axis=1) / np.maximum(np.median(cand[picks], axis=1), 1e-12)
     tail = (1 - confidence) / 2 * 100
     low, high = np.percentile(ratios, [tail, 100 - tail])
-    return SpeedupEstimate(point, float(min(low, point)), float(max(high, point)), n, cv)
+    return SpeedupEstimate(point, float(min(low, point)), float(max(high, point)), len(cand), cv)
 
 
 def settled(estimate: SpeedupEstimate, precision: float, max_cv: float | None) -> bool:
@@ -274,13 +283,20 @@ def settled(estimate: SpeedupEstimate, precision: float, max_cv: float | None) -
 
 @dataclass
 class AdaptiveTiming:
-    """The outcome of `adaptive_timing`: all samples, the estimate, and how it ended."""
+    """The outcome of `adaptive_timing`: all samples, the estimate, and how it ended.
+
+    With a reference bank, `reference` holds the bank and the drift-check samples together and
+    `checks` the drift-check samples alone; `drift` is their median over the bank's, minus 1.
+    `drifted` means the check disagreed: nothing was estimated, the caller times paired."""
 
     reference: list[float]
     candidate: list[float]
     estimate: SpeedupEstimate
     batches: int
     settled: bool
+    checks: list[float] = field(default_factory=list)
+    drift: float | None = None
+    drifted: bool = False
 
 
 def adaptive_timing(
@@ -293,8 +309,10 @@ def adaptive_timing(
     budget_s: float,
     clock: Callable[[], float] = perf_counter,
     seed: int = 0,
+    reference_bank: list[float] | None = None,
+    drift_tolerance: float = 0.02,
 ) -> AdaptiveTiming:
-    """Time in batches of `trials` paired rounds until the speedup is settled.
+    """Time in batches of `trials` rounds until the speedup is settled.
 
     `measure(rounds, first)` times both sides for `rounds` interleaved rounds and returns their
     samples (the first batch carries the warm-up). After each batch the speedup and its interval
@@ -302,6 +320,12 @@ def adaptive_timing(
     speedup (and the time buckets agree), or `extra_batches` more batches have run, or the
     timing has used `budget_s`, it stops. Far-apart medians settle in one batch; close ones get
     more samples, so a real difference is not lost to a noisy first batch.
+
+    With `reference_bank` (the reference's samples from an earlier evaluation of the same task
+    on the same device), `measure` times the reference on a few rounds only: those are the
+    drift check. When their median is within `drift_tolerance` of the bank's, the speedup is
+    estimated over the bank and the checks together, unpaired; otherwise the timing returns at
+    once with `drifted` set, and the caller times both sides paired.
     """
     begin = clock()
     reference: list[float] = []
@@ -312,9 +336,22 @@ def adaptive_timing(
         reference += ref
         candidate += cand
         batches += 1
-        estimate = speedup_interval(reference, candidate, seed=seed + batches)
+        drift = None
+        if reference_bank:
+            if reference:
+                drift = statistics.median(reference) / statistics.median(reference_bank) - 1
+            if drift is None or abs(drift) > drift_tolerance:
+                estimate = SpeedupEstimate(float("nan"), 0.0, float("inf"), len(candidate), 0.0)
+                return AdaptiveTiming(reference, candidate, estimate, batches, False, reference, drift, True)
+            pooled = list(reference_bank) + reference
+            estimate = speedup_interval(pooled, candidate, seed=seed + batches, paired=False)
+        else:
+            estimate = speedup_interval(reference, candidate, seed=seed + batches)
         done = settled(estimate, precision, max_cv)
         if done or batches > extra_batches or clock() - begin >= budget_s:
+            if reference_bank:
+                pooled = list(reference_bank) + reference
+                return AdaptiveTiming(pooled, candidate, estimate, batches, done, reference, drift)
             return AdaptiveTiming(reference, candidate, estimate, batches, done)
 
 

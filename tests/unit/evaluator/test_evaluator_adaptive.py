@@ -115,3 +115,84 @@ def test_a_real_cpu_speedup_has_an_interval_above_one() -> None:
         result.reasons
     )
     assert {"reference", "candidate_load", "correctness", "timing"} <= set(result.stages)
+
+
+# ---------------------------------------------------------------- a reused reference timing
+
+
+def light_pair(
+    ratio: float, noise: float, seed: int, reference_scale: float = 1.0
+) -> tuple[Measure, list[int]]:
+    """As `pair`, but the reference runs on every 4th round only (the drift check), and
+    `reference_scale` moves it away from where the bank saw it."""
+    rng = random.Random(seed)
+    checks: list[int] = []
+
+    def measure(rounds: int, first: bool) -> tuple[list[float], list[float]]:
+        ref = [10 * ratio * reference_scale * rng.lognormvariate(0, noise) for _ in range(0, rounds, 4)]
+        checks.append(len(ref))
+        return ref, [10 * rng.lognormvariate(0, noise) for _ in range(rounds)]
+
+    return measure, checks
+
+
+def bank(ratio: float, noise: float, seed: int) -> list[float]:
+    rng = random.Random(seed)
+    return [10 * ratio * rng.lognormvariate(0, noise) for _ in range(100)]
+
+
+def run_with_bank(measure: Measure, known: list[float]) -> AdaptiveTiming:
+    return adaptive_timing(
+        measure,
+        trials=100,
+        extra_batches=7,
+        precision=0.02,
+        max_cv=0.1,
+        budget_s=1e9,
+        seed=3,
+        reference_bank=known,
+        drift_tolerance=0.02,
+    )
+
+
+def test_a_reused_reference_gives_the_speedup_with_its_interval() -> None:
+    measure, checks = light_pair(2.0, 0.03, seed=6)
+    timed = run_with_bank(measure, bank(2.0, 0.03, seed=7))
+    assert not timed.drifted and checks == [25]
+    assert timed.drift is not None and abs(timed.drift) <= 0.02
+    assert len(timed.reference) == 125 and len(timed.checks) == 25  # the bank and the checks
+    speedup, noisy = decide(timed, 0.1)
+    assert noisy is None and speedup == pytest.approx(2.0, rel=0.02)
+    assert timed.estimate.low <= 2.0 <= timed.estimate.high
+
+
+def test_a_reference_that_moved_since_its_bank_is_timed_again() -> None:
+    measure, checks = light_pair(2.0, 0.03, seed=8, reference_scale=1.1)
+    timed = run_with_bank(measure, bank(2.0, 0.03, seed=9))
+    assert timed.drifted and checks == [25]  # one batch, then the caller times both sides
+    assert timed.drift is not None and timed.drift > 0.05
+
+
+def test_an_evaluator_times_a_tasks_reference_once_per_session() -> None:
+    config = EvalConfig(
+        device="cpu",
+        correctness_trials=2,
+        timing_trials=8,
+        warmup=1,
+        flush_bytes=0,
+        speedup_recheck=None,
+        max_speedup_cv=None,
+        timing_retries=0,
+        reference_drift=100.0,  # a loaded test machine must not make the drift check decide
+    )
+    task = Task(name="matmul", code=C.MATMUL_TASK)
+    variants = [C.HONEST + f"\n# variant {n}\n" for n in range(2)]
+    with Evaluator(config) as evaluator:
+        first, second = (evaluator.evaluate(task, code) for code in variants)
+    with Evaluator(config.model_copy(update={"reference_reuse": False})) as evaluator:
+        fresh = [evaluator.evaluate(task, code) for code in variants]
+    assert first.verdict == second.verdict == Verdict.CORRECT, (first.reasons, second.reasons)
+    assert R.REFERENCE_REUSED not in R.codes(first.reasons)
+    assert R.REFERENCE_REUSED in R.codes(second.reasons), second.reasons
+    assert second.speedup is not None and second.speedup_ci is not None
+    assert all(R.REFERENCE_REUSED not in R.codes(r.reasons) for r in fresh)
