@@ -4,19 +4,33 @@ The workload is CUDA-L1's published H100 kernels replayed on their KernelBench v
 JSONL file of {"task": "LEVEL:ID", "name", "code"}; 1.6 MB, so it is not in the repository:
 pass --kernels or set $KERNELFLEET_CUDA_L1_KERNELS). Two parts, each saved as soon as it ends:
 
-- throughput: the same candidates evaluated the old way (one after another, one process at a
-  time, as `kernelfleet optimize` did before the pipeline) and the new way (one batch through
-  the pipeline: build pool, several processes per GPU, one timing lane), each with a cold build
-  cache. Evaluations per GPU-hour, per-stage seconds, timing-lane busy share, nvidia-smi
-  utilisation and verdict counts, side by side.
+- throughput: a list of modes (`--modes`, table MODES below), each over the SAME --count
+  candidates to completion, each with a cold build cache (a temp dir of its own), one after
+  another in this process:
+    kernelbench        KernelBench's own harness (benchmarks/kernelbench_harness.py: compile all
+                       in a CPU pool, then one fresh process per candidate on the GPU); its
+                       source travels in --kernelbench-src (.kb/src) and is skipped without CUDA;
+    one-at-a-time      the Evaluator with lane_slots=1, compile_workers=1, one candidate at a time;
+    pipeline           one `evaluate_batch` with the defaults (lane_slots --lane-slots);
+    pipeline-no-reuse  as pipeline with EvalConfig(reference_reuse=False), when that field exists.
+  Per mode: candidates finished, wall seconds, evaluations per GPU-hour, per-stage seconds,
+  timing-lane busy share (over the whole mode and while a candidate waits for a slot),
+  nvidia-smi utilisation and verdict counts; then the ratios between modes. A mode runs to
+  completion unless it reaches its bound: min(--mode-seconds, an equal share of what is left of
+  --max-seconds among the modes still to run); then it stops, is marked "incomplete: K of N",
+  and its rate is over what finished. The report is saved after every mode.
 - repeat: each candidate evaluated twice in fresh processes; the disagreement of the two
   speedups |s1/s2 - 1| at the 50th and 90th percentile, over candidates of 50 us and more.
 
-KernelBench's own harness is not run here (its code is not vendored); its published per-call
-protocol is described in docs/evaluator.md.
+Workload rule (throughput): the JSONL rows whose task exists in --tasks, sorted by (level, task
+id); with M of them and N = --count, row floor((i + 0.5) * M / N) for i in 0..N-1 (every
+M/N-th row, from the middle of the first stride), so the choice is deterministic and spread over
+levels 1, 2 and 3 (a level missing from the choice is reported). The repeat part takes the first
+--repeat-tasks matching rows in file order, as before.
 
     python benchmarks/reward_service.py --kernels cuda-l1-h100-kernels.jsonl --device cuda:0
-    python benchmarks/reward_service.py --kernels ... --device cpu --count 3 --repeat-tasks 2  # smoke
+    python benchmarks/reward_service.py --kernels ... --device cpu --count 3 --repeat-tasks 2 \\
+        --modes one-at-a-time,pipeline --trials 5                                   # smoke
 
 Writes `reward_service-<date>.json` and `.md` into --out.
 """
@@ -24,15 +38,19 @@ Writes `reward_service-<date>.json` and `.md` into --out.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import json
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +65,7 @@ from kernelfleet.core.errors import EvaluationCancelled  # noqa: E402
 from kernelfleet.core.models import EvaluationResult, Task  # noqa: E402
 from kernelfleet.evaluator import EVALUATOR_VERSION, EvalConfig, Evaluator, load_tasks  # noqa: E402
 
+HARNESS = Path(__file__).resolve().parent / "kernelbench_harness.py"
 STAGES = (
     "process_start",
     "cuda_init",
@@ -58,30 +77,141 @@ STAGES = (
     "timing",
     "recheck",
 )
+DEFAULT_MODES = "kernelbench,one-at-a-time,pipeline"
 
 
-def load_workload(kernels: Path, tasks_spec: str, count: int) -> list[tuple[Task, str, str]]:
-    """(task, candidate code, row name) for the first `count` kernels whose task exists."""
+@dataclasses.dataclass(frozen=True)
+class Mode:
+    """One way of evaluating the candidates: a name, how it runs, and its EvalConfig settings."""
+
+    name: str
+    runner: str  # "kernelbench": their harness; "each": one evaluation at a time; "batch": evaluate_batch
+    settings: dict[str, Any] = dataclasses.field(default_factory=dict)
+    needs_field: str | None = None  # an EvalConfig field the mode needs; skipped with a note without it
+    about: str = ""
+
+
+MODES: dict[str, Mode] = {
+    mode.name: mode
+    for mode in (
+        Mode("kernelbench", "kernelbench", about="KernelBench's own harness (eval_from_generations)"),
+        Mode(
+            "one-at-a-time",
+            "each",
+            {"lane_slots": 1, "compile_workers": 1},
+            about="one candidate at a time, one process, one build worker",
+        ),
+        Mode("pipeline", "batch", about="evaluate_batch with the defaults"),
+        Mode(
+            "pipeline-no-reuse",
+            "batch",
+            {"reference_reuse": False},
+            needs_field="reference_reuse",
+            about="evaluate_batch, the reference run afresh for every candidate",
+        ),
+    )
+}
+
+
+def is_native(code: str) -> bool:
+    """Builds a C++/CUDA extension (the same test as the evaluator's build pool)."""
+    return "load_inline" in code or "cpp_extension" in code
+
+
+def load_workload(kernels: Path, tasks_spec: str) -> list[tuple[Task, str, str]]:
+    """(task, candidate code, "LEVEL:ID") for every kernel whose task exists, in file order."""
     tasks = {f"{t.level}:{t.task_id}": t for t in load_tasks(tasks_spec)}
-    chosen = []
+    rows = []
     for line in kernels.read_text(encoding="utf-8").splitlines():
         if not line.strip():
             continue
         row = json.loads(line)
-        task = tasks.get(str(row.get("task", "")).replace(" ", ""))
+        name = str(row.get("task", "")).replace(" ", "")
+        task = tasks.get(name)
         if task is None or not row.get("code"):
             continue
-        chosen.append((task, row["code"], f"{row['task']}"))
-        if len(chosen) >= count:
-            break
-    return chosen
+        rows.append((task, row["code"], name))
+    return rows
 
 
-def summarise(
-    results: list[EvaluationResult], wall: float, metrics: dict[str, Any], util: float | None
-) -> dict[str, Any]:
+def spread(rows: list[tuple[Task, str, str]], count: int) -> list[tuple[Task, str, str]]:
+    """The throughput workload: every M/N-th row by (level, task id), from the middle of the first
+    stride (see the module docstring)."""
+    ordered = sorted(rows, key=lambda r: (r[0].level or 0, r[0].task_id or 0))
+    if count >= len(ordered):
+        return ordered
+    return [ordered[int((i + 0.5) * len(ordered) / count)] for i in range(count)]
+
+
+def describe_workload(chosen: list[tuple[Task, str, str]], matching: int) -> dict[str, Any]:
+    levels = Counter(str(task.level) for task, _, _ in chosen)
+    return {
+        "rule": "rows whose task exists, sorted by (level, task id); row floor((i + 0.5) * M / N), "
+        "i = 0..N-1",
+        "matching_rows": matching,
+        "task_ids": [name for _, _, name in chosen],
+        "levels": dict(sorted(levels.items())),
+        "missing_levels": [level for level in ("1", "2", "3") if level not in levels],
+        "native_builds": sum(1 for _, code, _ in chosen if is_native(code)),
+    }
+
+
+class LaneSampler:
+    """Every 50 ms: is the queue full (a candidate ready and waiting for a slot: metrics.waiting
+    > 0), and does some lane hold the timing lock? Time-weighted shares of both."""
+
+    def __init__(self, metrics: Any, period: float = 0.05) -> None:
+        self.metrics = metrics
+        self.period = period
+        self.total = self.busy = self.full = self.busy_full = 0.0
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="lane-sampler", daemon=True)
+
+    def _held_and_waiting(self) -> tuple[bool, int]:
+        # Metrics has no public "a lane is timing now": snapshot() gives cumulative busy seconds
+        # only, which a 50 ms sampler would have to difference (and a hold shorter than the period
+        # would vanish). Its private `_holding` (lane -> held since) is exactly that; it is read
+        # under Metrics' own lock and nothing is changed, so evaluator/ needs no new API for a
+        # benchmark.
+        metrics = self.metrics
+        with metrics._lock:
+            return bool(metrics._holding), int(metrics.waiting)
+
+    def _run(self) -> None:
+        last = time.monotonic()
+        while not self._stop.wait(self.period):
+            now = time.monotonic()
+            step, last = now - last, now
+            held, waiting = self._held_and_waiting()
+            self.samples += 1
+            self.total += step
+            self.busy += step if held else 0.0
+            if waiting > 0:
+                self.full += step
+                self.busy_full += step if held else 0.0
+
+    def __enter__(self) -> LaneSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "busy_share_whole": round(self.busy / self.total, 4) if self.total else None,
+            "busy_share_queue_full": round(self.busy_full / self.full, 4) if self.full else None,
+            "queue_full_s": round(self.full, 1),
+            "samples": self.samples,
+        }
+
+
+def stage_table(results: list[EvaluationResult]) -> dict[str, dict[str, float]]:
+    names = list(STAGES) + sorted({s for r in results for s in r.stages} - set(STAGES))
     stages: dict[str, dict[str, float]] = {}
-    for stage in STAGES:
+    for stage in names:
         values = [r.stages[stage] for r in results if stage in r.stages]
         if values:
             stages[stage] = {
@@ -89,73 +219,239 @@ def summarise(
                 "median_s": round(statistics.median(values), 3),
                 "total_s": round(sum(values), 1),
             }
-    return {
-        "evaluations": len(results),
-        "wall_s": round(wall, 1),
-        "evaluations_per_gpu_hour": round(len(results) / wall * 3600, 1) if wall > 0 else None,
-        "median_seconds_per_evaluation": round(statistics.median(r.seconds for r in results), 2)
-        if results
-        else None,
-        "verdicts": dict(Counter(str(r.verdict) for r in results)),
-        "stages": stages,
-        "timing_lane_busy_share": metrics.get("timing_lane_busy_share"),
-        "lane_active_share": metrics.get("lane_active_share"),
-        "nvidia_smi_mean_utilization_pct": util,
-    }
+    return stages
+
+
+def finish(row: dict[str, Any], finished: int, total: int, wall: float, per_candidate: list[float]) -> None:
+    """The common columns of a mode's row: completion, rate over what finished, median seconds."""
+    row.update(
+        finished=finished,
+        candidates=total,
+        status="complete" if finished == total else f"incomplete: {finished} of {total}",
+        wall_s=round(wall, 1),
+        evaluations_per_gpu_hour=round(finished / wall * 3600, 1) if wall > 0 and finished else None,
+        median_seconds_per_candidate=round(statistics.median(per_candidate), 2) if per_candidate else None,
+    )
+
+
+def run_evaluator_mode(
+    mode: Mode, items: list[tuple[Task, str]], args: argparse.Namespace, bound: float
+) -> dict[str, Any]:
+    settings = dict(mode.settings)
+    if mode.runner == "batch":
+        settings.setdefault("lane_slots", args.lane_slots)
+    build_root = tempfile.mkdtemp(prefix=f"kf-reward-{mode.name}-")
+    config = EvalConfig(
+        device=args.device,
+        profile=args.profile,
+        timing_trials=args.trials,
+        timeout_seconds=args.task_timeout,
+        compile_timeout_s=args.task_timeout,
+        cache_dir=build_root,
+        **settings,
+    )
+    deadline = time.monotonic() + bound
+
+    def past_deadline(_: float) -> bool:
+        return time.monotonic() > deadline
+
+    results: list[EvaluationResult] = []
+    begin = time.monotonic()
+    with (
+        UtilizationSampler() as util,
+        Evaluator(config) as evaluator,
+        LaneSampler(evaluator.metrics) as lanes,
+    ):
+        if mode.runner == "batch":
+            try:
+                results = evaluator.evaluate_batch(items, progress=False, stop=past_deadline)
+            except EvaluationCancelled as cancelled:
+                results = [r for r in (cancelled.results or []) if isinstance(r, EvaluationResult)]
+        else:
+            # evaluate(task, code) is evaluate_batch([(task, code)]): the same call, with the
+            # mode's bound as `stop` so that one long candidate cannot overrun it.
+            for task, code in items:
+                if time.monotonic() > deadline:
+                    break
+                try:
+                    results += evaluator.evaluate_batch([(task, code)], progress=False, stop=past_deadline)
+                except EvaluationCancelled:
+                    break
+        metrics = evaluator.metrics.snapshot()
+    wall = time.monotonic() - begin
+    shutil.rmtree(build_root, ignore_errors=True)
+    row: dict[str, Any] = {"settings": settings, "bound_s": round(bound, 1)}
+    finish(row, len(results), len(items), wall, [r.seconds for r in results])
+    row.update(
+        verdicts=dict(Counter(str(r.verdict) for r in results)),
+        stages=stage_table(results),
+        lane=lanes.summary(),
+        timing_lane_busy_share=metrics.get("timing_lane_busy_share"),
+        lane_active_share=metrics.get("lane_active_share"),
+        nvidia_smi_mean_utilization_pct=util.mean,
+    )
+    return row
+
+
+def kernelbench_verdict(row: dict[str, Any]) -> str:
+    if row.get("timed_out"):
+        return "timeout"
+    if row.get("compiled") is None:
+        return "no_result"
+    if not row.get("compiled"):
+        return "compile_error"
+    if row.get("correctness"):
+        return "correct"
+    return "runtime_error" if row.get("runtime_error") else "incorrect"
+
+
+def run_kernelbench_mode(
+    workload: list[tuple[Task, str, str]], args: argparse.Namespace, bound: float
+) -> dict[str, Any]:
+    """KernelBench's harness as its user runs it: one `batch` process (both phases, every process
+    start included in the wall time)."""
+    work = Path(tempfile.mkdtemp(prefix="kf-reward-kernelbench-"))
+    manifest, results_path = work / "manifest.jsonl", work / "results.jsonl"
+    ids = [f"{i:02d}_L{task.level}_{task.task_id}" for i, (task, _, _) in enumerate(workload)]
+    manifest.write_text(
+        "".join(
+            json.dumps({"id": ident, "ref": task.code, "code": code}) + "\n"
+            for ident, (task, code, _) in zip(ids, workload, strict=True)
+        )
+    )
+    command = [
+        sys.executable,
+        str(HARNESS),
+        "batch",
+        "--kernelbench-src",
+        str(args.kernelbench_src),
+        "--manifest",
+        str(manifest),
+        "--work-dir",
+        str(work / "run"),
+        "--results",
+        str(results_path),
+        "--task-timeout",
+        str(args.task_timeout),
+        "--max-seconds",
+        str(bound),
+        "--trials",
+        str(args.trials),
+    ]
+    note = None
+    begin = time.monotonic()
+    with UtilizationSampler() as util:
+        try:
+            done = subprocess.run(command, timeout=bound + 60, check=False)
+            if done.returncode != 0:
+                note = f"the harness exited {done.returncode}"
+        except subprocess.TimeoutExpired:
+            note = "the harness overran its bound by 60 s and was killed"
+    wall = time.monotonic() - begin
+    rows, summary = [], {}
+    if results_path.is_file():
+        for line in results_path.read_text().splitlines():
+            if line.strip():
+                parsed = json.loads(line)
+                if "summary" in parsed:
+                    summary = parsed["summary"]
+                else:
+                    rows.append(parsed)
+    shutil.rmtree(work, ignore_errors=True)
+    out: dict[str, Any] = {"settings": {"num_correct_trials": 5, "num_perf_trials": args.trials}}
+    out["bound_s"] = round(bound, 1)
+    per_candidate = [float(r.get("compile_s") or 0.0) + float(r.get("eval_s") or 0.0) for r in rows]
+    finish(out, len(rows), len(workload), wall, per_candidate)
+    out.update(
+        verdicts=dict(Counter(kernelbench_verdict(r) for r in rows)),
+        compiled=sum(1 for r in rows if r.get("compiled")),
+        correct=sum(1 for r in rows if r.get("correctness")),
+        phase1_compile_s=summary.get("phase1_compile_s"),
+        phase2_evaluate_s=summary.get("phase2_evaluate_s"),
+        compile_workers=summary.get("workers"),
+        nvidia_smi_mean_utilization_pct=util.mean,
+        rows=[
+            {
+                k: r.get(k)
+                for k in (
+                    "id",
+                    "compiled",
+                    "correctness",
+                    "runtime_ms",
+                    "ref_runtime_ms",
+                    "compile_s",
+                    "eval_s",
+                )
+            }
+            | {"verdict": kernelbench_verdict(r), "error": (r.get("error") or "")[:300] or None}
+            for r in rows
+        ],
+    )
+    if note or summary.get("skipped"):
+        out["note"] = note or summary.get("skipped")
+    return out
+
+
+def ratio(numerator: dict[str, Any] | None, denominator: dict[str, Any] | None) -> float | None:
+    top = (numerator or {}).get("evaluations_per_gpu_hour")
+    bottom = (denominator or {}).get("evaluations_per_gpu_hour")
+    return round(top / bottom, 2) if top and bottom else None
 
 
 def part_throughput(
-    workload: list[tuple[Task, str, str]], args: argparse.Namespace, budget: float
+    rows: list[tuple[Task, str, str]],
+    args: argparse.Namespace,
+    budget: float,
+    cuda: bool,
+    saved: Callable[[dict[str, Any]], None],
 ) -> dict[str, Any]:
-    base: dict[str, Any] = {
-        "device": args.device,
-        "profile": args.profile,
-        "timing_trials": args.trials,
-        "timeout_seconds": args.task_timeout,
-        "compile_timeout_s": args.task_timeout,
-    }
+    workload = spread(rows, args.count)
     items = [(task, code) for task, code, _ in workload]
-    out: dict[str, Any] = {"candidates": len(items), "trials": args.trials}
-    # New first: if the old way runs out of time, its rate still comes from what it finished.
-    for mode in ("pipeline", "one-at-a-time"):
-        build_root = tempfile.mkdtemp(prefix=f"kf-reward-{mode}-")
-        slots = 1 if mode == "one-at-a-time" else args.lane_slots
-        config = EvalConfig(
-            **base,
-            cache_dir=build_root,
-            lane_slots=slots,
-            compile_workers=1 if mode == "one-at-a-time" else None,
+    names = [m.strip() for m in args.modes.split(",") if m.strip()]
+    out: dict[str, Any] = {
+        "candidates": len(items),
+        "trials": args.trials,
+        "workload": describe_workload(workload, len(rows)),
+        "modes": {},
+        "notes": [],
+    }
+    end = time.monotonic() + budget
+    for position, name in enumerate(names):
+        mode = MODES.get(name)
+        skip = None
+        if mode is None:
+            skip = f"unknown mode {name!r}; modes: {', '.join(MODES)}"
+        elif mode.needs_field and mode.needs_field not in EvalConfig.model_fields:
+            skip = f"{name} skipped: this evaluator's EvalConfig has no {mode.needs_field!r} field"
+        elif mode.runner == "kernelbench" and not cuda:
+            skip = f"{name} skipped: no CUDA device (KernelBench's harness asserts CUDA)"
+        elif mode.runner == "kernelbench" and not (Path(args.kernelbench_src) / "kernelbench").is_dir():
+            skip = f"{name} skipped: no kernelbench package in --kernelbench-src (see kernelbench_harness.py)"
+        if skip or mode is None:
+            out["notes"].append(skip)
+            print(f"throughput: {skip}", file=sys.stderr)
+            continue
+        bound = min(args.mode_seconds, max(0.0, end - time.monotonic()) / (len(names) - position))
+        print(f"throughput {name}: {len(items)} candidates, bound {bound:.0f} s", file=sys.stderr)
+        if mode.runner == "kernelbench":
+            row = run_kernelbench_mode(workload, args, bound)
+        else:
+            row = run_evaluator_mode(mode, items, args, bound)
+        out["modes"][name] = row
+        print(
+            f"throughput {name}: {row['status']}, {row['wall_s']} s, "
+            f"{row['evaluations_per_gpu_hour']} per GPU-hour, {row['verdicts']}",
+            file=sys.stderr,
         )
-        deadline = time.monotonic() + budget / 2
-
-        def past_deadline(_: float, end: float = deadline) -> bool:
-            return time.monotonic() > end
-
-        results: list[EvaluationResult] = []
-        begin = time.monotonic()
-        with UtilizationSampler() as sampler, Evaluator(config) as evaluator:
-            if mode == "pipeline":
-                try:
-                    results = evaluator.evaluate_batch(items, progress=False, stop=past_deadline)
-                except EvaluationCancelled as cancelled:
-                    results = [r for r in (cancelled.results or []) if isinstance(r, EvaluationResult)]
-            else:
-                for task, code in items:
-                    if time.monotonic() > deadline:
-                        break
-                    results.append(evaluator.evaluate(task, code))
-            metrics = evaluator.metrics.snapshot()
-        wall = time.monotonic() - begin
-        out[mode] = summarise(results, wall, metrics, sampler.mean)
-        out[mode]["lane_slots"] = slots
-        print(f"throughput {mode}: {json.dumps(out[mode])}", file=sys.stderr)
-        shutil.rmtree(build_root, ignore_errors=True)
-    old, new = (
-        out["one-at-a-time"].get("evaluations_per_gpu_hour"),
-        out["pipeline"].get("evaluations_per_gpu_hour"),
-    )
-    if old and new:
-        out["pipeline_over_one_at_a_time"] = round(new / old, 2)
+        modes = out["modes"]
+        out["ratios"] = {
+            f"{m} over {base}": ratio(modes.get(m), modes.get(base))
+            for m in modes
+            if m not in ("kernelbench", "one-at-a-time")
+            for base in ("one-at-a-time", "kernelbench")
+            if base in modes
+        }
+        saved(out)
     return out
 
 
@@ -242,6 +538,74 @@ def environment(device: str) -> dict[str, Any]:
     }
 
 
+def cell(value: Any) -> str:
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {v}" for k, v in value.items()) or "-"
+    return "-" if value is None else str(value)
+
+
+def throughput_markdown(t: dict[str, Any]) -> list[str]:
+    w = t["workload"]
+    modes: dict[str, dict[str, Any]] = t["modes"]
+    lines = [
+        f"## Throughput ({t['candidates']} candidates, the same in every mode, {t['trials']} timed rounds, "
+        "cold build caches)",
+        "",
+        f"Workload: of {w['matching_rows']} published kernels whose task exists, sorted by (level, task id), "
+        f"row floor((i + 0.5) * M / N) for i < N: levels {cell(w['levels'])}"
+        + (f" (missing: {', '.join(w['missing_levels'])})" if w["missing_levels"] else "")
+        + f"; {w['native_builds']} of {t['candidates']} build C++/CUDA. Tasks: {', '.join(w['task_ids'])}.",
+        "",
+        "| mode | finished / N | wall s | evaluations per GPU-hour | median s per candidate "
+        "| timing lane busy: whole / while queue full (queue-full s) | nvidia-smi mean % | verdicts |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, m in modes.items():
+        lane = m.get("lane")
+        busy = "-"
+        if lane:
+            busy = f"{cell(lane['busy_share_whole'])} / {cell(lane['busy_share_queue_full'])}"
+            busy += f" ({lane['queue_full_s']})"
+        status = "" if m["status"] == "complete" else f" ({m['status']})"
+        lines.append(
+            f"| {name} | {m['finished']} / {m['candidates']}{status} | {m['wall_s']} | "
+            f"{cell(m['evaluations_per_gpu_hour'])} | {cell(m['median_seconds_per_candidate'])} | {busy} | "
+            f"{cell(m['nvidia_smi_mean_utilization_pct'])} | {cell(m['verdicts'])} |"
+        )
+    lines.append("")
+    for name, value in t.get("ratios", {}).items():
+        lines.append(f"- {name}: {cell(value)}x")
+    for note in t.get("notes", []):
+        lines.append(f"- note: {note}")
+    lines.append("")
+    evaluator_modes = [n for n, m in modes.items() if "stages" in m]
+    if evaluator_modes:
+        names = list(STAGES) + sorted({s for n in evaluator_modes for s in modes[n]["stages"]} - set(STAGES))
+        lines += [
+            "Seconds per stage (median per evaluation / total):",
+            "",
+            "| stage | " + " | ".join(evaluator_modes) + " |",
+            "| --- |" + " --- |" * len(evaluator_modes),
+        ]
+        for stage in names:
+            cells = []
+            for name in evaluator_modes:
+                s = modes[name]["stages"].get(stage)
+                cells.append(f"{s['median_s']} / {s['total_s']}" if s else "-")
+            lines.append(f"| {stage} | " + " | ".join(cells) + " |")
+        lines.append("")
+    if "kernelbench" in modes:
+        k = modes["kernelbench"]
+        lines += [
+            f"KernelBench's harness: {k['compiled']} compiled, {k['correct']} correct of {k['finished']} "
+            f"finished; phase 1 (compile, {cell(k.get('compile_workers'))} processes) "
+            f"{cell(k.get('phase1_compile_s'))} s, phase 2 (one process per candidate) "
+            f"{cell(k.get('phase2_evaluate_s'))} s" + (f"; {k['note']}" if k.get("note") else "") + ".",
+            "",
+        ]
+    return lines
+
+
 def markdown(report: dict[str, Any]) -> str:
     env = report["environment"]
     lines = [
@@ -254,37 +618,7 @@ def markdown(report: dict[str, Any]) -> str:
         "",
     ]
     if "throughput" in report:
-        t = report["throughput"]
-        lines += [
-            f"## Throughput ({t['candidates']} candidates, {t['trials']} timed rounds per batch, "
-            "cold build caches)",
-            "",
-            "| | evaluations | wall s | per GPU-hour | median s/eval | timing lane busy | nvidia-smi % "
-            "| verdicts |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- |",
-        ]
-        for mode in ("one-at-a-time", "pipeline"):
-            if mode in t:
-                m = t[mode]
-                lines.append(
-                    f"| {mode} | {m['evaluations']} | {m['wall_s']} | {m['evaluations_per_gpu_hour']} | "
-                    f"{m['median_seconds_per_evaluation']} | {m['timing_lane_busy_share']} | "
-                    f"{m['nvidia_smi_mean_utilization_pct']} | {m['verdicts']} |"
-                )
-        lines += ["", f"Pipeline over one-at-a-time: {t.get('pipeline_over_one_at_a_time')}x.", ""]
-        lines += [
-            "Seconds per stage (median per evaluation / total):",
-            "",
-            "| stage | one-at-a-time | pipeline |",
-            "| --- | --- | --- |",
-        ]
-        for stage in STAGES:
-            cells = []
-            for mode in ("one-at-a-time", "pipeline"):
-                s = t.get(mode, {}).get("stages", {}).get(stage)
-                cells.append(f"{s['median_s']} / {s['total_s']}" if s else "-")
-            lines.append(f"| {stage} | " + " | ".join(cells) + " |")
-        lines.append("")
+        lines += throughput_markdown(report["throughput"])
     if "repeat" in report:
         r = report["repeat"]
         lines += [
@@ -307,13 +641,22 @@ def main() -> int:
     parser.add_argument("--tasks", default="kernelbench-v0")
     parser.add_argument("--device", default="cuda:0")
     parser.add_argument("--profile", default="kernelbench-v0")
-    parser.add_argument("--count", type=int, default=40, help="candidates in the throughput part")
+    parser.add_argument("--count", type=int, default=24, help="candidates in the throughput part")
+    parser.add_argument("--modes", default=DEFAULT_MODES, help=f"comma list of: {', '.join(MODES)}")
+    parser.add_argument("--mode-seconds", type=float, default=240.0, help="the most one mode may take")
+    parser.add_argument(
+        "--kernelbench-src",
+        default=os.environ.get("KERNELBENCH_SRC") or str(ROOT / ".kb" / "src"),
+        help="folder holding KernelBench's kernelbench package (not in the repository)",
+    )
     parser.add_argument("--repeat-tasks", type=int, default=40)
     parser.add_argument("--trials", type=int, default=100)
     parser.add_argument("--lane-slots", type=int, default=4)
     parser.add_argument("--task-timeout", type=float, default=180.0)
     parser.add_argument("--parts", default="throughput,repeat")
-    parser.add_argument("--max-seconds", type=float, default=420.0, help="the whole run; parts split it")
+    parser.add_argument(
+        "--max-seconds", type=float, default=540.0, help="the whole run; parts and modes share it"
+    )
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     args = parser.parse_args()
     if not args.kernels or not Path(args.kernels).is_file():
@@ -325,16 +668,23 @@ def main() -> int:
     suffix = "" if args.device.startswith("cuda") else f"-{args.device}"
     json_path = out_dir / f"reward_service-{stamp}{suffix}.json"
     md_path = out_dir / f"reward_service-{stamp}{suffix}.md"
-    arguments = {k: v for k, v in vars(args).items() if k not in ("out", "kernels")}  # no machine paths
+    # No machine paths in the report.
+    arguments = {k: v for k, v in vars(args).items() if k not in ("out", "kernels", "kernelbench_src")}
+    arguments["kernelbench_src_found"] = (Path(args.kernelbench_src) / "kernelbench").is_dir()
     report: dict[str, Any] = {"environment": environment(args.device), "arguments": arguments}
+    cuda = args.device.startswith("cuda") and report["environment"]["gpu_class"] != "cpu"
 
     def save() -> None:
         json_path.write_text(json.dumps(report, indent=1) + "\n")
         md_path.write_text(markdown(report) + "\n")
 
+    def saved_throughput(part: dict[str, Any]) -> None:
+        report["throughput"] = part
+        save()
+
     save()
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
-    workload = load_workload(Path(args.kernels), args.tasks, max(args.count, args.repeat_tasks))
+    workload = load_workload(Path(args.kernels), args.tasks)
     print(f"{len(workload)} published kernels matched to {args.tasks} tasks", file=sys.stderr)
     started = time.monotonic()
     shares = {"throughput": 0.6, "repeat": 0.4} if len(parts) > 1 else {parts[0]: 1.0}
@@ -343,7 +693,7 @@ def main() -> int:
         left = args.max_seconds - (begin - started)
         budget = left if part == parts[-1] else args.max_seconds * shares.get(part, 0.5)
         if part == "throughput":
-            report["throughput"] = part_throughput(workload[: args.count], args, budget)
+            report["throughput"] = part_throughput(workload, args, budget, cuda, saved_throughput)
         elif part == "repeat":
             report["repeat"] = part_repeat(workload, args, budget)
         else:

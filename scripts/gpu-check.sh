@@ -6,9 +6,14 @@
 # Usage: KERNELFLEET_COMMIT=<sha> scripts/gpu-check.sh [--quick]
 #   --quick: the GPU tests only. EVAL_SECONDS / OPT_SECONDS bound the two benchmarks; OPT_STORE
 #   keeps the optimisation runs (a second call on a still-warm machine resumes them).
-#   --reward: only the reward-service benchmark (benchmarks/reward_service.py, about 8 minutes:
-#   REWARD_SECONDS), on the published kernels in $KERNELFLEET_CUDA_L1_KERNELS (default
+#   --reward: only the reward-service benchmark (benchmarks/reward_service.py, at most 9 minutes:
+#   REWARD_SECONDS, 540), on the published kernels in $KERNELFLEET_CUDA_L1_KERNELS (default
 #   .data/cuda-l1-h100-kernels.jsonl, carried to the machine; it is not in the repository).
+#   REWARD_MODES, REWARD_COUNT, REWARD_PARTS and REWARD_MODE_SECONDS pass through to --modes,
+#   --count, --parts and --mode-seconds. Its kernelbench mode runs KernelBench's own harness
+#   (benchmarks/kernelbench_harness.py) from .kb/src, an ignored folder carried to the machine
+#   (their source is never committed here); make it with
+#   `mkdir -p .kb && git -C <KernelBench checkout> archive HEAD src/kernelbench LICENSE | tar -x -C .kb`.
 #   --rl: only the RL step benchmark (benchmarks/train_rl_step.py: a few GRPO steps of a locally
 #   built ~190M model, rewards from the evaluator on GPU 1 when there are two; RL_STEPS, 3).
 #   --attacks: only the attack suite (issue 9): tests/gpu/test_gpu_attacks.py and the table of
@@ -70,7 +75,12 @@ step() {  # step NAME COMMAND...: run one stage, keep going when it fails, recor
 EVAL_ARGS=(--out "$RESULTS" --max-seconds "${EVAL_SECONDS:-300}")
 OPT_ARGS=(--out "$RESULTS" --store "${OPT_STORE:-results/tmp/gpu-optimize-store}" --wall-time "${OPT_SECONDS:-220}")
 GPUS=$(python3 -c 'import torch; print(torch.cuda.device_count())')
-REWARD_ARGS=(--out "$RESULTS" --kernels "$KERNELS" --max-seconds "${REWARD_SECONDS:-420}")
+REWARD_ARGS=(--out "$RESULTS" --kernels "$KERNELS" --max-seconds "${REWARD_SECONDS:-540}")
+[[ -d .kb/src/kernelbench ]] && REWARD_ARGS+=(--kernelbench-src .kb/src)
+[[ -n "${REWARD_MODES:-}" ]] && REWARD_ARGS+=(--modes "$REWARD_MODES")
+[[ -n "${REWARD_COUNT:-}" ]] && REWARD_ARGS+=(--count "$REWARD_COUNT")
+[[ -n "${REWARD_PARTS:-}" ]] && REWARD_ARGS+=(--parts "$REWARD_PARTS")
+[[ -n "${REWARD_MODE_SECONDS:-}" ]] && REWARD_ARGS+=(--mode-seconds "$REWARD_MODE_SECONDS")
 if [[ $ATTACKS == 1 ]]; then
   step gpu-attack-tests python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_gpu_attacks.py
   step attack-table python3 benchmarks/attacks.py --levels "${ATTACK_LEVELS:-auto}" --device cuda --out "$RESULTS"
