@@ -2,7 +2,7 @@
 
 The workload is CUDA-L1's published H100 kernels replayed on their KernelBench v0 tasks (a
 JSONL file of {"task": "LEVEL:ID", "name", "code"}; 1.6 MB, so it is not in the repository:
-pass --kernels or set $KERNELFLEET_CUDA_L1_KERNELS). Two parts, each saved as soon as it ends:
+pass --kernels or set $KERNELFLEET_CUDA_L1_KERNELS). Three parts, each saved as soon as it ends:
 
 - throughput: a list of modes (`--modes`, table MODES below), each over the SAME --count
   candidates to completion, each with a cold build cache (a temp dir of its own), one after
@@ -19,8 +19,15 @@ pass --kernels or set $KERNELFLEET_CUDA_L1_KERNELS). Two parts, each saved as so
   completion unless it reaches its bound: min(--mode-seconds, an equal share of what is left of
   --max-seconds among the modes still to run); then it stops, is marked "incomplete: K of N",
   and its rate is over what finished. The report is saved after every mode.
+- variants: many candidates per task, as an RL step or an optimisation round makes them:
+  --variant-tasks tasks (pure-Python ones, so that builds do not hide the timing lane), each
+  with --variants copies that differ by a comment (so each is evaluated afresh), through the
+  pipeline with and without reference reuse, one after the other. Per mode: rate, timing-lane
+  seconds per candidate, lane busy share; and how far the two modes' speedups for the same
+  candidate differ (|s_reuse / s_paired - 1|, p50 and p90, over candidates of 50 us and more).
 - repeat: each candidate evaluated twice in fresh processes; the disagreement of the two
   speedups |s1/s2 - 1| at the 50th and 90th percentile, over candidates of 50 us and more.
+  Reference reuse is off here: each timing stands on its own paired measurement.
 
 Workload rule (throughput): the JSONL rows whose task exists in --tasks, sorted by (level, task
 id); with M of them and N = --count, row floor((i + 0.5) * M / N) for i in 0..N-1 (every
@@ -235,8 +242,13 @@ def finish(row: dict[str, Any], finished: int, total: int, wall: float, per_cand
 
 
 def run_evaluator_mode(
-    mode: Mode, items: list[tuple[Task, str]], args: argparse.Namespace, bound: float
+    mode: Mode,
+    items: list[tuple[Task, str]],
+    args: argparse.Namespace,
+    bound: float,
+    keep: dict[int, EvaluationResult] | None = None,
 ) -> dict[str, Any]:
+    """Run one evaluator mode over `items`; `keep` receives the results by item index."""
     settings = dict(mode.settings)
     if mode.runner == "batch":
         settings.setdefault("lane_slots", args.lane_slots)
@@ -264,9 +276,14 @@ def run_evaluator_mode(
     ):
         if mode.runner == "batch":
             try:
-                results = evaluator.evaluate_batch(items, progress=False, stop=past_deadline)
+                ordered: list[EvaluationResult | None] = list(
+                    evaluator.evaluate_batch(items, progress=False, stop=past_deadline)
+                )
             except EvaluationCancelled as cancelled:
-                results = [r for r in (cancelled.results or []) if isinstance(r, EvaluationResult)]
+                ordered = [r if isinstance(r, EvaluationResult) else None for r in cancelled.results or []]
+            results = [r for r in ordered if r is not None]
+            if keep is not None:
+                keep.update({i: r for i, r in enumerate(ordered) if r is not None})
         else:
             # evaluate(task, code) is evaluate_batch([(task, code)]): the same call, with the
             # mode's bound as `stop` so that one long candidate cannot overrun it.
@@ -455,9 +472,75 @@ def part_throughput(
     return out
 
 
+def quantile(values: list[float], q: float) -> float | None:
+    """The q-quantile of sorted `values` (nearest rank), None when empty."""
+    if not values:
+        return None
+    return round(values[min(len(values) - 1, int(q * len(values)))], 4)
+
+
+def part_variants(
+    rows: list[tuple[Task, str, str]], args: argparse.Namespace, budget: float
+) -> dict[str, Any]:
+    """Many candidates per task through the pipeline, with and without reference reuse."""
+    pure = [row for row in spread(rows, len(rows)) if not is_native(row[1])]
+    chosen = spread(pure, args.variant_tasks)
+    items = [(task, f"{code}\n# variant {v}\n") for task, code, _ in chosen for v in range(args.variants)]
+    out: dict[str, Any] = {
+        "tasks": [name for _, _, name in chosen],
+        "variants_per_task": args.variants,
+        "candidates": len(items),
+        "modes": {},
+    }
+    if "reference_reuse" not in EvalConfig.model_fields:
+        out["note"] = "this evaluator has no reference_reuse field"
+        return out
+    speedups: dict[str, dict[int, EvaluationResult]] = {}
+    end = time.monotonic() + budget
+    for position, (name, reuse) in enumerate((("pipeline", True), ("pipeline-no-reuse", False))):
+        bound = max(0.0, end - time.monotonic()) / (2 - position)
+        mode = Mode(name, "batch", {"reference_reuse": reuse})
+        row = run_evaluator_mode(mode, items, args, bound, keep=speedups.setdefault(name, {}))
+        reused = [r for r in speedups[name].values() if "reference-reused" in " ".join(r.reasons)]
+        timing = row["stages"].get("timing", {})
+        row["reference_reused"] = len(reused)
+        row["timing_s_per_candidate"] = (
+            round(timing["total_s"] / row["finished"], 3) if timing and row["finished"] else None
+        )
+        out["modes"][name] = row
+        print(f"variants {name}: {row['status']}, {row['wall_s']} s, {row['verdicts']}", file=sys.stderr)
+    both = speedups["pipeline"].keys() & speedups["pipeline-no-reuse"].keys()
+    gaps, big = [], []
+    for index in both:
+        a, b = speedups["pipeline"][index], speedups["pipeline-no-reuse"][index]
+        if a.speedup and b.speedup and b.candidate is not None:
+            gap = abs(a.speedup / b.speedup - 1)
+            gaps.append(gap)
+            if b.candidate.median_ms >= 0.05:
+                big.append(gap)
+    out["agreement"] = {
+        "pairs": len(gaps),
+        "pairs_50us_and_up": len(big),
+        "p50_50us_and_up": quantile(sorted(big), 0.5),
+        "p90_50us_and_up": quantile(sorted(big), 0.9),
+        "p90_all": quantile(sorted(gaps), 0.9),
+    }
+    out["timing_lane_ratio"] = ratio_of(
+        out["modes"]["pipeline-no-reuse"].get("timing_s_per_candidate"),
+        out["modes"]["pipeline"].get("timing_s_per_candidate"),
+    )
+    out["rate_ratio"] = ratio(out["modes"]["pipeline"], out["modes"]["pipeline-no-reuse"])
+    return out
+
+
+def ratio_of(top: float | None, bottom: float | None) -> float | None:
+    return round(top / bottom, 2) if top and bottom else None
+
+
 def part_repeat(
     workload: list[tuple[Task, str, str]], args: argparse.Namespace, budget: float
 ) -> dict[str, Any]:
+    no_reuse = {"reference_reuse": False} if "reference_reuse" in EvalConfig.model_fields else {}
     config = EvalConfig(
         device=args.device,
         profile=args.profile,
@@ -465,6 +548,7 @@ def part_repeat(
         speedup_recheck=None,
         timeout_seconds=args.task_timeout,
         compile_timeout_s=args.task_timeout,
+        **no_reuse,
     )
     chosen = workload[: args.repeat_tasks]
     items = []
@@ -503,12 +587,6 @@ def part_repeat(
         rows.append(row)
     big = sorted(r["disagreement"] for r in rows if "disagreement" in r and r["candidate_ms"] >= 0.05)
     every = sorted(r["disagreement"] for r in rows if "disagreement" in r)
-
-    def quantile(values: list[float], q: float) -> float | None:
-        if not values:
-            return None
-        return round(values[min(len(values) - 1, int(q * len(values)))], 4)
-
     return {
         "tasks": len(chosen),
         "timed_pairs": len(every),
@@ -606,6 +684,40 @@ def throughput_markdown(t: dict[str, Any]) -> list[str]:
     return lines
 
 
+def variants_markdown(v: dict[str, Any]) -> list[str]:
+    lines = [
+        f"## Many candidates per task ({len(v['tasks'])} tasks x {v['variants_per_task']} variants, "
+        "pipeline, with and without reference reuse)",
+        "",
+    ]
+    if v.get("note"):
+        return [*lines, f"Not run: {v['note']}.", ""]
+    lines += [
+        "| mode | finished / N | wall s | evaluations per GPU-hour | timing-lane s per candidate "
+        "| lane busy: whole / while queue full | reference reused | verdicts |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, m in v["modes"].items():
+        lane = m.get("lane") or {}
+        lines.append(
+            f"| {name} | {m['finished']} / {m['candidates']} | {m['wall_s']} | "
+            f"{cell(m['evaluations_per_gpu_hour'])} | {cell(m.get('timing_s_per_candidate'))} | "
+            f"{cell(lane.get('busy_share_whole'))} / {cell(lane.get('busy_share_queue_full'))} | "
+            f"{m.get('reference_reused')} | {cell(m['verdicts'])} |"
+        )
+    a = v.get("agreement", {})
+    lines += [
+        "",
+        f"Rate with reuse over without: {cell(v.get('rate_ratio'))}x; timing-lane seconds per candidate, "
+        f"without over with: {cell(v.get('timing_lane_ratio'))}x. The same candidate's speedup with and "
+        f"without reuse, |s_reuse / s_paired - 1| over {a.get('pairs_50us_and_up')} candidates of 50 us "
+        f"and more: p50 {cell(a.get('p50_50us_and_up'))}, p90 {cell(a.get('p90_50us_and_up'))} "
+        f"(all {a.get('pairs')}: p90 {cell(a.get('p90_all'))}). Tasks: {', '.join(v['tasks'])}.",
+        "",
+    ]
+    return lines
+
+
 def markdown(report: dict[str, Any]) -> str:
     env = report["environment"]
     lines = [
@@ -619,6 +731,8 @@ def markdown(report: dict[str, Any]) -> str:
     ]
     if "throughput" in report:
         lines += throughput_markdown(report["throughput"])
+    if "variants" in report:
+        lines += variants_markdown(report["variants"])
     if "repeat" in report:
         r = report["repeat"]
         lines += [
@@ -650,6 +764,8 @@ def main() -> int:
         help="folder holding KernelBench's kernelbench package (not in the repository)",
     )
     parser.add_argument("--repeat-tasks", type=int, default=40)
+    parser.add_argument("--variant-tasks", type=int, default=12, help="tasks in the variants part")
+    parser.add_argument("--variants", type=int, default=4, help="candidates per task in the variants part")
     parser.add_argument("--trials", type=int, default=100)
     parser.add_argument("--lane-slots", type=int, default=4)
     parser.add_argument("--task-timeout", type=float, default=180.0)
@@ -687,17 +803,20 @@ def main() -> int:
     workload = load_workload(Path(args.kernels), args.tasks)
     print(f"{len(workload)} published kernels matched to {args.tasks} tasks", file=sys.stderr)
     started = time.monotonic()
-    shares = {"throughput": 0.6, "repeat": 0.4} if len(parts) > 1 else {parts[0]: 1.0}
+    weights = {"throughput": 0.5, "variants": 0.25, "repeat": 0.35}
+    shares = {part: weights.get(part, 0.3) / sum(weights.get(p, 0.3) for p in parts) for part in parts}
     for part in parts:
         begin = time.monotonic()
         left = args.max_seconds - (begin - started)
         budget = left if part == parts[-1] else args.max_seconds * shares.get(part, 0.5)
         if part == "throughput":
             report["throughput"] = part_throughput(workload, args, budget, cuda, saved_throughput)
+        elif part == "variants":
+            report["variants"] = part_variants(workload, args, budget)
         elif part == "repeat":
             report["repeat"] = part_repeat(workload, args, budget)
         else:
-            print(f"unknown part {part!r}; choose from throughput, repeat", file=sys.stderr)
+            print(f"unknown part {part!r}; choose from throughput, variants, repeat", file=sys.stderr)
             return 2
         report.setdefault("seconds", {})[part] = round(time.monotonic() - begin, 1)
         save()

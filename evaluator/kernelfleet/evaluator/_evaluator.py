@@ -506,8 +506,7 @@ class Evaluator:
 
     def _reference_bank(self, item: _Item, lane: _Lane) -> Any:
         """What an evaluation asks for its reference timing: the reference's samples from the
-        last paired timing of a correct candidate of the same task, on this device, with the
-        same config and settings."""
+        last paired timing of the same task on this device, with the same config and settings."""
 
         def lookup(settings: dict[str, str]) -> list[float] | None:
             with self._banks_lock:
@@ -516,17 +515,16 @@ class Evaluator:
 
         return lookup
 
-    def _keep_bank(self, item: _Item, lane: _Lane, answer: dict[str, Any]) -> None:
-        timing = answer.get("reference_timing") or {}
-        if (
-            item.config.reference_reuse
-            and timing.get("paired")
-            and answer.get("verdict") == "correct"
-            and answer.get("reference_ms")
-        ):
-            key = self._bank_key(item, lane, dict(answer.get("settings") or {}))
+    def _keep_reference(self, item: _Item, lane: _Lane) -> Any:
+        """Where an evaluation puts its reference's samples after a paired timing that passed
+        its checks. A later candidate's drift check guards against a bank that a neighbour's
+        load (or a hostile candidate) disturbed: it re-times paired when the bank is off."""
+
+        def keep(settings: dict[str, str], samples: list[float]) -> None:
             with self._banks_lock:
-                self._banks[key] = [float(ms) for ms in answer["reference_ms"]]
+                self._banks[self._bank_key(item, lane, settings)] = [float(ms) for ms in samples]
+
+        return keep
 
     def _child(self, item: _Item, lane: _Lane, *, reuse: bool = True) -> Outcome:
         """One evaluation (a judge and a candidate process) on `lane`; it holds the lane's
@@ -573,6 +571,7 @@ class Evaluator:
                 take_lane=take_lane,
                 release_lane=release_lane,
                 reference_bank=self._reference_bank(item, lane) if reuse and config.reference_reuse else None,
+                keep_reference=self._keep_reference(item, lane) if config.reference_reuse else None,
             )
             outcome = evaluation.run()
         finally:
@@ -602,7 +601,6 @@ class Evaluator:
                 log=outcome.log,
                 isolation=outcome.isolation,
             )
-        self._keep_bank(item, lane, answer)
         reasons = list(answer["reasons"])
         reused = answer.get("reference_timing") or {}
         if reused.get("paired") is False:

@@ -119,6 +119,7 @@ class Evaluation:
         take_lane: Callable[[], None] | None = None,
         release_lane: Callable[[], None] | None = None,
         reference_bank: Callable[[dict[str, str]], list[float] | None] | None = None,
+        keep_reference: Callable[[dict[str, str], list[float]], None] | None = None,
     ) -> None:
         self.sandbox = sandbox
         self.sides = sides
@@ -134,6 +135,9 @@ class Evaluation:
         # The reference's timing samples from an earlier evaluation of this task on this device
         # with these settings (see `Evaluator._reference_bank`); None: time both sides paired.
         self.reference_bank = reference_bank
+        # Told the reference's samples as soon as a paired timing has passed its checks (before
+        # the lane is released), so that the next candidate of the task can already reuse them.
+        self.keep_reference = keep_reference
         self.reasons: list[str] = []
         self.settings: dict[str, str] = {}
         self.flag_values: dict[str, Any] = {}
@@ -784,6 +788,8 @@ class Evaluation:
         speedup, noisy = decide(timed, config.max_speedup_cv)
         if noisy is not None:
             self.reasons.append(R.reason(R.TIMING_NOISY, noisy))
+        if reuse["paired"] and self.keep_reference is not None and timed.reference:
+            self.keep_reference(dict(self.settings), list(timed.reference))
         return {
             "reference_ms": timed.reference,
             "candidate_ms": timed.candidate,
