@@ -764,7 +764,7 @@ def main() -> int:
         help="folder holding KernelBench's kernelbench package (not in the repository)",
     )
     parser.add_argument("--repeat-tasks", type=int, default=40)
-    parser.add_argument("--variant-tasks", type=int, default=12, help="tasks in the variants part")
+    parser.add_argument("--variant-tasks", type=int, default=8, help="tasks in the variants part")
     parser.add_argument("--variants", type=int, default=4, help="candidates per task in the variants part")
     parser.add_argument("--trials", type=int, default=100)
     parser.add_argument("--lane-slots", type=int, default=4)
