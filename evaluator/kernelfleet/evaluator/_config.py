@@ -156,10 +156,11 @@ class EvalConfig(EvaluationSettings):
         default=30.0, gt=0, description="No new timing batch starts after this many seconds of timing."
     )
     reference_reuse: bool = Field(
-        default=True,
+        default=False,
         description="Time a task's reference once per device and evaluator session, then only on every "
-        "4th round as a drift check (the lane's time nearly halves for many candidates of one task); "
-        "False: every evaluation times both sides on every round.",
+        "4th round as a drift check. Off by default: on the H200, correctness work of the other slots "
+        "moves the reference by more than reference_drift, so every check failed and re-timed paired "
+        "(docs/evaluator.md). False: every evaluation times both sides on every round.",
     )
     reference_drift: float = Field(
         default=0.02,

@@ -183,6 +183,7 @@ def test_an_evaluator_times_a_tasks_reference_once_per_session() -> None:
         speedup_recheck=None,
         max_speedup_cv=None,
         timing_retries=0,
+        reference_reuse=True,
         reference_drift=100.0,  # a loaded test machine must not make the drift check decide
     )
     task = Task(name="matmul", code=C.MATMUL_TASK)
