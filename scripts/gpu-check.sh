@@ -81,6 +81,9 @@ REWARD_ARGS=(--out "$RESULTS" --kernels "$KERNELS" --max-seconds "${REWARD_SECON
 [[ -n "${REWARD_COUNT:-}" ]] && REWARD_ARGS+=(--count "$REWARD_COUNT")
 [[ -n "${REWARD_PARTS:-}" ]] && REWARD_ARGS+=(--parts "$REWARD_PARTS")
 [[ -n "${REWARD_MODE_SECONDS:-}" ]] && REWARD_ARGS+=(--mode-seconds "$REWARD_MODE_SECONDS")
+# More benchmark flags, word-split: e.g. REWARD_EXTRA="--variant-tasks 6 --repeat-tasks 24".
+# shellcheck disable=SC2206
+[[ -n "${REWARD_EXTRA:-}" ]] && REWARD_ARGS+=($REWARD_EXTRA)
 if [[ $ATTACKS == 1 ]]; then
   step gpu-attack-tests python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_gpu_attacks.py
   step attack-table python3 benchmarks/attacks.py --levels "${ATTACK_LEVELS:-auto}" --device cuda --out "$RESULTS"

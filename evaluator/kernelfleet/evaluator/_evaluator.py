@@ -44,6 +44,7 @@ from kernelfleet.evaluator._cache import ResultCache
 from kernelfleet.evaluator._config import EvalConfig
 from kernelfleet.evaluator._devicelock import DeviceLock
 from kernelfleet.evaluator._environment import gpu_class, host_name
+from kernelfleet.evaluator._gpugate import GpuGate
 from kernelfleet.evaluator._ops import needs_native_build
 from kernelfleet.evaluator._protocol import Evaluation, Outcome, Sides
 from kernelfleet.evaluator._sandbox import Sandbox, Walls, detect, resolve_level, sandbox_for
@@ -88,7 +89,8 @@ class BatchCancelled(EvaluationCancelled):
 
 class _Lane:
     """One device: its visible id for children, its environment, and its timing lane (a lock:
-    one timing at a time per device, while other candidates load and check correctness)."""
+    one timing at a time per device) with its gate (while one times, the other candidates'
+    GPU steps wait; their loading runs on)."""
 
     def __init__(self, index: int, visible: str | None, environment: Environment, arch: str | None) -> None:
         self.index = index
@@ -96,6 +98,7 @@ class _Lane:
         self.environment = environment
         self.arch = arch
         self.timing = threading.Lock()
+        self.gate = GpuGate()  # other evaluations' GPU steps wait while one times
 
     @property
     def device_id(self) -> str:
@@ -545,6 +548,7 @@ class Evaluator:
             except InterruptedError:
                 lane.timing.release()
                 raise EvaluationCancelled("cancelled while waiting for the device") from None
+            lane.gate.close()
             held = True
             self.metrics.lane_held(lane.index, True)
 
@@ -553,6 +557,7 @@ class Evaluator:
             if held:
                 held = False
                 self.metrics.lane_held(lane.index, False)
+                lane.gate.open()
                 device.release()
                 lane.timing.release()
 
@@ -572,6 +577,7 @@ class Evaluator:
                 release_lane=release_lane,
                 reference_bank=self._reference_bank(item, lane) if reuse and config.reference_reuse else None,
                 keep_reference=self._keep_reference(item, lane) if config.reference_reuse else None,
+                gpu_gate=lane.gate,
             )
             outcome = evaluation.run()
         finally:
@@ -995,11 +1001,13 @@ class Evaluator:
         device = DeviceLock(lane.device_id)
         with lane.timing:  # baselines time on the device too: never beside a candidate's timing
             device.acquire()
+            lane.gate.close()
             self.metrics.lane_held(lane.index, True)
             try:
                 outcome = self._judge_job(message, lane, timeout)
             finally:
                 self.metrics.lane_held(lane.index, False)
+                lane.gate.open()
                 device.release()
         answer = outcome.answer
         if answer is not None and "reference_error" in answer:

@@ -31,12 +31,13 @@ import random
 import statistics
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from kernelfleet.core import reasons as R
 from kernelfleet.evaluator._config import EvalConfig
 from kernelfleet.evaluator._cputime import tree_cpu_seconds
+from kernelfleet.evaluator._gpugate import GateCancelled, GpuGate
 from kernelfleet.evaluator._guards import PRECISION_FLAGS
 from kernelfleet.evaluator._ops import builds_custom_kernel, declared_kernels, fallback_sets
 from kernelfleet.evaluator._sandbox import Sandbox, SandboxChild, SandboxError, Walls, host_pid
@@ -51,6 +52,7 @@ from kernelfleet.evaluator._timing import (
 from kernelfleet.evaluator._wire import ChannelClosed, ProtocolError
 
 _FLOATING = {"float16", "bfloat16", "float32", "float64"}
+_UNGATED = frozenset({"setup", "build", "bye"})  # requests that are no GPU step (see _gpu_step)
 _SPOT_RATE = 0.1  # share of timed rounds whose candidate output the judge checks
 _CHECK_EVERY = 4  # with a reference bank, the reference is timed on every 4th round: the drift check
 
@@ -120,6 +122,7 @@ class Evaluation:
         release_lane: Callable[[], None] | None = None,
         reference_bank: Callable[[dict[str, str]], list[float] | None] | None = None,
         keep_reference: Callable[[dict[str, str], list[float]], None] | None = None,
+        gpu_gate: GpuGate | None = None,
     ) -> None:
         self.sandbox = sandbox
         self.sides = sides
@@ -138,6 +141,9 @@ class Evaluation:
         # Told the reference's samples as soon as a paired timing has passed its checks (before
         # the lane is released), so that the next candidate of the task can already reuse them.
         self.keep_reference = keep_reference
+        # The device's gate: GPU steps wait while another evaluation times (see _gpugate).
+        self.gpu_gate = gpu_gate
+        self.timing_now = False  # this evaluation holds the timing lane: its steps pass
         self.reasons: list[str] = []
         self.settings: dict[str, str] = {}
         self.flag_values: dict[str, Any] = {}
@@ -173,11 +179,28 @@ class Evaluation:
             except TimeoutError:
                 continue
 
+    @contextlib.contextmanager
+    def _gpu_step(self, message: dict[str, Any]) -> Iterator[None]:
+        """A request that runs GPU work waits while another evaluation times on the device;
+        that wait is not the candidate's time. Set-up requests (imports, the candidate's load)
+        and this evaluation's own timing pass at once."""
+        if self.gpu_gate is None or self.timing_now or message.get("op") in _UNGATED:
+            yield
+            return
+        try:
+            with self.gpu_gate.step(self.cancel) as waited:
+                self.deadline += waited
+                self.stages["gpu_wait"] = self.stages.get("gpu_wait", 0.0) + waited
+                yield
+        except GateCancelled:
+            raise _Cancelled() from None
+
     def ask_judge(self, message: dict[str, Any]) -> dict[str, Any]:
         assert self.judge is not None
         try:
-            self.judge.channel.send(message)
-            answer = self._receive(self.judge)
+            with self._gpu_step(message):
+                self.judge.channel.send(message)
+                answer = self._receive(self.judge)
         except (ChannelClosed, OSError):
             self.judge.wait(2)
             raise _JudgeFailed(f"the judge's process {self.judge.exit_description}") from None
@@ -204,8 +227,9 @@ class Evaluation:
         `stop` it reports ends the evaluation with that verdict."""
         assert self.cand is not None
         try:
-            self.cand.channel.send(message)
-            answer = self._receive(self.cand)
+            with self._gpu_step(message):
+                self.cand.channel.send(message)
+                answer = self._receive(self.cand)
         except (ChannelClosed, OSError):
             self.cand.wait(2)
             raise _CandidateDied() from None
@@ -622,10 +646,12 @@ class Evaluation:
         waited = time.monotonic() - begin
         self.waited += waited
         self.deadline += waited  # waiting for the device is not the candidate's time
+        self.timing_now = True
         try:
             with self.stage("timing"):
                 return self._time_pair()
         finally:
+            self.timing_now = False
             if self.release_lane is not None:
                 self.release_lane()
 
