@@ -155,6 +155,12 @@ class EvalConfig(EvaluationSettings):
     timing_budget_s: float = Field(
         default=30.0, gt=0, description="No new timing batch starts after this many seconds of timing."
     )
+    exclusive_timing: bool = Field(
+        default=True,
+        description="While a candidate times, the other candidates' GPU steps on that device wait "
+        "(their loading runs on). False: correctness overlaps timing, for more evaluations per hour "
+        "and noisier speedups (docs/evaluator.md has the H200's figures).",
+    )
     reference_reuse: bool = Field(
         default=False,
         description="Time a task's reference once per device and evaluator session, then only on every "

@@ -577,7 +577,7 @@ class Evaluator:
                 release_lane=release_lane,
                 reference_bank=self._reference_bank(item, lane) if reuse and config.reference_reuse else None,
                 keep_reference=self._keep_reference(item, lane) if config.reference_reuse else None,
-                gpu_gate=lane.gate,
+                gpu_gate=lane.gate if config.exclusive_timing else None,
             )
             outcome = evaluation.run()
         finally:
