@@ -7,7 +7,7 @@
 #   --quick: the GPU tests only. EVAL_SECONDS / OPT_SECONDS bound the two benchmarks; OPT_STORE
 #   keeps the optimisation runs (a second call on a still-warm machine resumes them).
 #   --reward: only the reward-service benchmark (benchmarks/reward_service.py, at most 9 minutes:
-#   REWARD_SECONDS, 540), on the published kernels in $KERNELFLEET_CUDA_L1_KERNELS (default
+#   REWARD_SECONDS, 540: keep it a minute under the call's limit), on the published kernels in $KERNELFLEET_CUDA_L1_KERNELS (default
 #   .data/cuda-l1-h100-kernels.jsonl, carried to the machine; it is not in the repository).
 #   REWARD_MODES, REWARD_COUNT, REWARD_PARTS and REWARD_MODE_SECONDS pass through to --modes,
 #   --count, --parts and --mode-seconds. Its kernelbench mode runs KernelBench's own harness
@@ -50,6 +50,17 @@ RESULTS=benchmarks/results; mkdir -p "$RESULTS"
 LOG="$RESULTS/gpu-check-$STAMP.log"
 ENVFILE="$RESULTS/gpu-env-$STAMP.json"
 : > "$LOG"
+
+copy_out() {  # on every exit, a killed or timed-out run too: the benchmarks save as they go
+  if [[ -n "${OUT:-}" && -f "$ENVFILE" ]]; then
+    mkdir -p "$OUT/results"
+    # Only what this call wrote: the device returns at most 8 files.
+    cp "$ENVFILE" "$LOG" "$OUT/results/" 2>/dev/null
+    find "$RESULTS" -maxdepth 1 -type f -newer "$ENVFILE" ! -name "$(basename "$LOG")" -exec cp {} "$OUT/results/" \;
+  fi
+}
+trap copy_out EXIT
+trap 'exit 143' TERM INT
 
 python3 - > "$ENVFILE" <<'PY'
 import json, os, subprocess, torch
@@ -105,10 +116,4 @@ else
   step optimize-bench python3 benchmarks/gpu_optimize.py "${OPT_ARGS[@]}"
 fi
 
-if [[ -n "${OUT:-}" ]]; then
-  mkdir -p "$OUT/results"
-  # Only what this call wrote: the device returns at most 8 files.
-  cp "$ENVFILE" "$LOG" "$OUT/results/"
-  find "$RESULTS" -maxdepth 1 -type f -newer "$ENVFILE" ! -name "$(basename "$LOG")" -exec cp {} "$OUT/results/" \;
-fi
 grep -E "^=== .*exit" "$LOG"
