@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Iterator
 
-DRAIN_S = 10.0  # the longest a timing waits for GPU steps already running
+DRAIN_S = 2.0  # the longest a timing waits for GPU steps already running (a longer one is compiling)
 
 
 class GateCancelled(Exception):
