@@ -297,6 +297,7 @@ def run_evaluator_mode(
         metrics = evaluator.metrics.snapshot()
     wall = time.monotonic() - begin
     shutil.rmtree(build_root, ignore_errors=True)
+    task_of = {task.hash: f"{task.level}:{task.task_id}" for task, _ in items}
     row: dict[str, Any] = {"settings": settings, "bound_s": round(bound, 1)}
     finish(row, len(results), len(items), wall, [r.seconds for r in results])
     row.update(
@@ -306,6 +307,17 @@ def run_evaluator_mode(
         timing_lane_busy_share=metrics.get("timing_lane_busy_share"),
         lane_active_share=metrics.get("lane_active_share"),
         nvidia_smi_mean_utilization_pct=util.mean,
+        # Each candidate's own seconds per stage: where a batch's tail comes from.
+        per_candidate=[
+            {
+                "task": f"{task_of[r.task_hash]}",
+                "verdict": str(r.verdict),
+                "seconds": r.seconds,
+                "speedup": r.speedup,
+                "stages": r.stages,
+            }
+            for r in results
+        ],
     )
     return row
 
