@@ -12,6 +12,7 @@ pass --kernels or set $KERNELFLEET_CUDA_L1_KERNELS). Three parts, each saved as 
                        source travels in --kernelbench-src (.kb/src) and is skipped without CUDA;
     one-at-a-time      the Evaluator with lane_slots=1, compile_workers=1, one candidate at a time;
     pipeline           one `evaluate_batch` with the defaults (lane_slots --lane-slots);
+    pipeline-shared-lane  as pipeline with EvalConfig(exclusive_timing=False);
     pipeline-no-reuse  as pipeline with EvalConfig(reference_reuse=False), when that field exists.
   Per mode: candidates finished, wall seconds, evaluations per GPU-hour, per-stage seconds,
   timing-lane busy share (over the whole mode and while a candidate waits for a slot),
@@ -109,6 +110,13 @@ MODES: dict[str, Mode] = {
             about="one candidate at a time, one process, one build worker",
         ),
         Mode("pipeline", "batch", about="evaluate_batch with the defaults"),
+        Mode(
+            "pipeline-shared-lane",
+            "batch",
+            {"exclusive_timing": False},
+            needs_field="exclusive_timing",
+            about="evaluate_batch, correctness of the other slots running beside each timing",
+        ),
         Mode(
             "pipeline-no-reuse",
             "batch",
