@@ -430,8 +430,12 @@ def run_kernelbench_mode(
 
 
 def ratio(numerator: dict[str, Any] | None, denominator: dict[str, Any] | None) -> float | None:
-    top = (numerator or {}).get("evaluations_per_gpu_hour")
-    bottom = (denominator or {}).get("evaluations_per_gpu_hour")
+    """The two modes' evaluations per GPU-hour, one over the other."""
+    rate = "evaluations_per_gpu_hour"
+    return ratio_of((numerator or {}).get(rate), (denominator or {}).get(rate))
+
+
+def ratio_of(top: float | None, bottom: float | None) -> float | None:
     return round(top / bottom, 2) if top and bottom else None
 
 
@@ -551,10 +555,6 @@ def part_variants(
     )
     out["rate_ratio"] = ratio(out["modes"]["pipeline"], out["modes"]["pipeline-no-reuse"])
     return out
-
-
-def ratio_of(top: float | None, bottom: float | None) -> float | None:
-    return round(top / bottom, 2) if top and bottom else None
 
 
 def part_repeat(

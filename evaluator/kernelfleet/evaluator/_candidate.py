@@ -5,7 +5,9 @@ builds `ModelNew` and then does what the evaluator asks, one request at a time: 
 on inputs the judge wrote, write its outputs to a file for the judge to compare, trace one call,
 time its own half of each timing round. It never sees the reference: no reference module, no
 reference output and no reference timing is in this process, so there is nothing here for a
-candidate to patch but itself.
+candidate to patch but itself. (A build process, which only fills the candidate's own build
+directory and judges nothing, imports the task's public source for its init inputs and inputs:
+see `_build`.)
 
 The tripwires of `_guards` still run here (flags, harness identities, threads, lazy or stale
 outputs, input mutation) and report what they see; the verdict is the evaluator's, which

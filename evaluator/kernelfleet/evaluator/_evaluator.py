@@ -507,7 +507,7 @@ class Evaluator:
         config = item.config.model_dump_json(exclude={"seed", "speedup_recheck", "review_ceiling"})
         return (item.task.hash, str(lane.index), source_hash(config), repr(sorted(settings.items())))
 
-    def _reference_bank(self, item: _Item, lane: _Lane) -> Any:
+    def _reference_bank(self, item: _Item, lane: _Lane) -> Callable[[dict[str, str]], list[float] | None]:
         """What an evaluation asks for its reference timing: the reference's samples from the
         last paired timing of the same task on this device, with the same config and settings."""
 
@@ -518,7 +518,7 @@ class Evaluator:
 
         return lookup
 
-    def _keep_reference(self, item: _Item, lane: _Lane) -> Any:
+    def _keep_reference(self, item: _Item, lane: _Lane) -> Callable[[dict[str, str], list[float]], None]:
         """Where an evaluation puts its reference's samples after a paired timing that passed
         its checks. A later candidate's drift check guards against a bank that a neighbour's
         load (or a hostile candidate) disturbed: it re-times paired when the bank is off."""

@@ -824,7 +824,6 @@ class Evaluation:
             "speedup_cv": estimate.bucket_cv,
             "timing_batches": timed.batches,
             "reference_timing": reuse,
-            "settled": timed.settled,
         }
 
     # ------------------------------------------------------------ other jobs

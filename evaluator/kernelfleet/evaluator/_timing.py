@@ -254,10 +254,9 @@ def speedup_interval(
 
     ref = np.asarray(reference, dtype=np.float64)
     cand = np.asarray(candidate, dtype=np.float64)
-    if paired:
-        n = min(len(ref), len(cand))
-        ref, cand = ref[:n], cand[:n]
     n = min(len(ref), len(cand))
+    if paired:
+        ref, cand = ref[:n], cand[:n]
     point = float(np.median(ref) / np.median(cand)) if n and np.median(cand) > 0 else float("inf")
     if paired:
         cv = coefficient_of_variation(bucket_speedups(list(ref), list(cand)))
