@@ -94,3 +94,11 @@ def test_a_pod_becomes_a_local_command(tmp_path: Path) -> None:
     assert env["CREDS"] == str(volumes / "store") and (volumes / "store" / "accesskey").read_text() == "AK"
     assert not (volumes / "store" / "secretkey").exists()  # only the items asked for
     assert env["HOME"] == f"{volumes / 'scratch'}/home" and (volumes / "scratch").is_dir()
+
+
+def test_this_machines_interpreter_is_never_taken_for_a_pod_path(tmp_path: Path) -> None:
+    """A checkout under a directory the pod mounts (/scratch here, /tmp for the chart's operator)
+    still runs with its own interpreter: only the pod's own paths are remapped."""
+    python = "/scratch/checkout/.venv/bin/python"
+    command = local_command(POD, read, tmp_path, base_env={}, python=python)
+    assert command.argv[:4] == [python, "-m", "kernelfleet.core.cli", "operator"]

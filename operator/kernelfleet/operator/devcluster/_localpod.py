@@ -84,10 +84,12 @@ def local_command(
         value = _env_value(variable, meta, spec, namespace, read)
         if value is not None:
             env[variable["name"]] = _local_address(_remap(value, mounts), ports)
-    argv = [*(main.get("command") or []), *(main.get("args") or [])]
+    argv = [_local_address(_remap(arg, mounts), ports) for arg in (main.get("command") or [])]
+    argv += [_local_address(_remap(arg, mounts), ports) for arg in (main.get("args") or [])]
     if argv and argv[0] == "kernelfleet":
+        # This machine's interpreter is no path in the pod: substituted after the remapping, so
+        # a checkout under a mount point (/tmp) is not taken for one of the pod's volumes.
         argv = [python, "-m", "kernelfleet.core.cli", *argv[1:]]
-    argv = [_local_address(_remap(arg, mounts), ports) for arg in argv]
     return LocalCommand(argv=argv, env=env, cwd=workdir, ports=ports)
 
 
