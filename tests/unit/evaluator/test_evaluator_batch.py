@@ -155,6 +155,25 @@ def test_an_honest_cpp_kernel_builds_in_the_pool_and_passes_require_kernel() -> 
     assert not R.codes(result.reasons) & R.REJECTING
 
 
+def test_an_extension_named_after_its_process_is_built_once(tmp_path: Path) -> None:
+    """A candidate that names its extension `f"..._{os.getpid()}"` (as 4 published kernels do)
+    finds the build pool's build in the evaluation's process and in the re-check's: one build
+    directory, not one per process."""
+    code = C.CPP_KERNEL.replace("import torch\n", "import os\nimport torch\n", 1).replace(
+        'name="kf_test_relu_mm"', 'name=f"kf_test_relu_mm_{os.getpid()}"'
+    )
+    config = EvalConfig(
+        **{**FAST, "compile_timeout_s": 900.0, "timeout_seconds": 300.0, "speedup_recheck": 0.0},
+        cache_dir=str(tmp_path),
+    )
+    with Evaluator(config) as evaluator:
+        result = evaluator.evaluate(MATMUL, code)
+    assert result.verdict == Verdict.CORRECT, (result.reasons, result.log)
+    assert "recheck" in result.stages
+    builds = sorted(path.name for path in tmp_path.rglob("kf_test_relu_mm_*") if path.is_dir())
+    assert builds == ["kf_test_relu_mm_pid"]
+
+
 _RESUMABLE = """
 import sys
 from pathlib import Path
