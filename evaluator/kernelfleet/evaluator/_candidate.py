@@ -37,7 +37,7 @@ from kernelfleet.evaluator._child import (
     runtime_failure,
 )
 from kernelfleet.evaluator._config import EvalConfig
-from kernelfleet.evaluator._extensions import install_stable_names
+from kernelfleet.evaluator._extensions import share_builds_across_processes
 from kernelfleet.evaluator._modules import load_module, load_module_at, module_file
 from kernelfleet.evaluator._ops import OpTrace, needs_native_build
 from kernelfleet.evaluator._outputs import (
@@ -409,7 +409,7 @@ def serve(channel: Channel, scratch: Path) -> None:
         mark = len(session.reasons) if session is not None else 0
         try:
             if op in ("build", "setup") and needs_native_build(str(request.get("candidate", ""))):
-                install_stable_names()
+                share_builds_across_processes()
             if op == "build":
                 answer = _build(request, scratch)
             elif op == "setup":

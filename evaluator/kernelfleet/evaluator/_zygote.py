@@ -189,6 +189,10 @@ def _child(
     sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
     sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
     env = {str(k): str(v) for k, v in dict(request.get("env") or {}).items()}
+    # A C++/CUDA candidate works in its own build directory (keyed by its source, and already
+    # the one place besides its scratch it may write): an extension it builds under a relative
+    # path (`./build`) is then the build pool's in every process, not compiled again in each.
+    workdir = env.get("TORCH_EXTENSIONS_DIR") if request.get("role") == "candidate" else None
     env.setdefault("HOME", str(scratch / "home"))
     env.setdefault("TMPDIR", str(scratch))
     env.setdefault("TRITON_CACHE_DIR", str(scratch / "triton"))
@@ -198,7 +202,7 @@ def _child(
     os.environ.clear()
     os.environ.update({**base, **env})
     tempfile.tempdir = str(scratch)
-    os.chdir(scratch)
+    os.chdir(workdir or scratch)
     walls = request.get("walls") or {}
     limits = walls.get("limits") or {}
     processes = limits.get("processes")

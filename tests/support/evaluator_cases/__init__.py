@@ -533,6 +533,30 @@ class ModelNew(nn.Module):
         return self.ext.relu_mm(A, B)
 """
 
+# Its build always fails and it falls back to PyTorch, as many published kernels do: the build
+# pool's failure is remembered, so the evaluation's process does not compile it again.
+FALLBACK_CPP = r"""
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+        try:
+            self.ext = load_inline(
+                name="kf_test_fallback",
+                cpp_sources="torch::Tensor relu_mm(torch::Tensor a, torch::Tensor b) { return a +; }",
+                functions=["relu_mm"],
+            )
+        except RuntimeError:
+            self.ext = None
+
+    def forward(self, A, B):
+        return torch.relu(torch.mm(A, B))
+"""
+
 # ---------------------------------------------------------------- failures
 
 SYNTAX_ERROR = """

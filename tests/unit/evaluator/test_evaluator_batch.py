@@ -174,6 +174,20 @@ def test_an_extension_named_after_its_process_is_built_once(tmp_path: Path) -> N
     assert builds == ["kf_test_relu_mm_pid"]
 
 
+def test_a_failed_build_is_remembered_for_the_evaluation(tmp_path: Path) -> None:
+    """A candidate that catches its failed build and falls back is judged on its fallback; the
+    build pool's compiler error is recorded once in its build directory, for the evaluation's
+    process to fail with at once."""
+    settings = {**FAST, "compile_timeout_s": 900.0, "timeout_seconds": 300.0}
+    config = EvalConfig(**settings, cache_dir=str(tmp_path))
+    with Evaluator(config) as evaluator:
+        result = evaluator.evaluate(MATMUL, C.FALLBACK_CPP)
+    assert result.verdict == Verdict.CORRECT, (result.reasons, result.log)
+    records = list(tmp_path.rglob(".kf-failed-builds/*"))
+    assert len(records) == 1
+    assert "error" in records[0].read_text()
+
+
 _RESUMABLE = """
 import sys
 from pathlib import Path
