@@ -548,7 +548,6 @@ class Evaluator:
             except InterruptedError:
                 lane.timing.release()
                 raise EvaluationCancelled("cancelled while waiting for the device") from None
-            lane.gate.close()
             held = True
             self.metrics.lane_held(lane.index, True)
 
@@ -557,7 +556,6 @@ class Evaluator:
             if held:
                 held = False
                 self.metrics.lane_held(lane.index, False)
-                lane.gate.open()
                 device.release()
                 lane.timing.release()
 

@@ -5,7 +5,9 @@ different processes are time-sliced: a neighbour's correctness call during a tim
 the timed calls and moves the reference by several percent, which makes speedups wander and
 defeats a reused reference's drift check. So each device has a gate. A timing closes it: new
 GPU steps of the other evaluations (each one request to their judge or candidate) wait until the
-timing ends, and the timing waits for the steps already running to finish. The wait for those
+timing's batch of rounds ends, and the batch waits for the steps already running to finish. The
+gate closes for one batch at a time, not for the whole timing: an adaptive timing can take a
+minute of batches for a large model, and the neighbours' steps run between them. The wait for those
 is bounded (`drain_s`): a step that never ends (a hostile candidate's endless call) cannot hold
 the device, it only leaves that timing with a neighbour, as before. Process start, imports and
 the candidate's load are not steps: they run beside a timing, mostly on the CPU.
@@ -65,3 +67,12 @@ class GpuGate:
         with self._cond:
             self._closed = False
             self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def quiet(self) -> Iterator[None]:
+        """The gate closed for the block (one batch of timed rounds)."""
+        self.close()
+        try:
+            yield
+        finally:
+            self.open()

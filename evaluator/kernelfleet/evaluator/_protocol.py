@@ -726,6 +726,10 @@ class Evaluation:
         light = [False]  # True: the reference runs only on drift-check rounds (and spot checks)
 
         def measure(rounds: int, first: bool) -> tuple[list[float], list[float]]:
+            with self.gpu_gate.quiet() if self.gpu_gate is not None else contextlib.nullcontext():
+                return measure_quietly(rounds, first)
+
+        def measure_quietly(rounds: int, first: bool) -> tuple[list[float], list[float]]:
             warmup = config.warmup if first else 2
             batch: dict[str, list[float]] = {"reference": [], "candidate": []}
             order = ["reference", "candidate"]

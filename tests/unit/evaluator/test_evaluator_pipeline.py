@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from typing import Any
 
 import pytest
 
@@ -14,6 +15,7 @@ from kernelfleet.core.errors import EvaluationCancelled
 from kernelfleet.core.models import Task, Verdict
 from kernelfleet.evaluator import EvalConfig, Evaluator
 from kernelfleet.evaluator._cputime import tree_cpu_seconds
+from kernelfleet.evaluator._gpugate import GpuGate
 from tests.support import evaluator_cases as C
 
 MATMUL = Task(name="matmul", code=C.MATMUL_TASK)
@@ -51,6 +53,40 @@ def test_the_timing_lane_is_lent_to_one_candidate_at_a_time() -> None:
     assert snapshot["timing_lane_busy_s"]["0"] >= sum(r.stages["timing"] for r in results) - 1e-2
     assert 0 < snapshot["timing_lane_busy_share"]["0"] <= 1
     assert snapshot["running"] == snapshot["waiting"] == 0
+
+
+def test_the_gate_closes_for_each_timed_batch_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An exclusive timing closes the device's gate around each batch of rounds (the batches of
+    an adaptive timing may add up to a minute), never for the whole timing or outside it."""
+    batches: list[int] = []
+    closes: list[int] = []
+    quiet, close = GpuGate.quiet, GpuGate.close
+
+    def counted_quiet(gate: GpuGate) -> Any:
+        batches.append(1)
+        return quiet(gate)
+
+    def counted_close(gate: GpuGate) -> None:
+        closes.append(1)
+        close(gate)
+
+    monkeypatch.setattr(GpuGate, "quiet", counted_quiet)
+    monkeypatch.setattr(GpuGate, "close", counted_close)
+    config = EvalConfig(
+        device="cpu",
+        correctness_trials=1,
+        timing_trials=4,
+        warmup=1,
+        flush_bytes=0,
+        max_speedup_cv=None,
+        speedup_recheck=None,
+        timing_retries=0,
+        exclusive_timing=True,
+    )
+    with Evaluator(config) as evaluator:
+        result = evaluator.evaluate(MATMUL, C.HONEST)
+    assert result.verdict == Verdict.CORRECT, result.reasons
+    assert batches and len(closes) == len(batches)
 
 
 def test_cancelling_kills_a_running_evaluation() -> None:

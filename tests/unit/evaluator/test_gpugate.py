@@ -68,3 +68,11 @@ def test_a_cancelled_step_stops_waiting() -> None:
     cancel.set()
     with pytest.raises(GateCancelled), gate.step(cancel):
         pass
+
+
+def test_quiet_closes_for_the_block_and_opens_after_it_even_when_it_fails() -> None:
+    gate = GpuGate()
+    with pytest.raises(RuntimeError), gate.quiet():
+        assert gate._closed
+        raise RuntimeError("the batch failed")
+    assert not gate._closed
