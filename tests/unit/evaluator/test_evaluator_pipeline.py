@@ -19,21 +19,22 @@ from kernelfleet.evaluator._gpugate import GpuGate
 from tests.support import evaluator_cases as C
 
 MATMUL = Task(name="matmul", code=C.MATMUL_TASK)
+# One short batch of timed rounds, no re-timing: fast on the CPU.
+ONE_BATCH: dict[str, Any] = {
+    "device": "cpu",
+    "correctness_trials": 1,
+    "timing_trials": 4,
+    "warmup": 1,
+    "flush_bytes": 0,
+    "max_speedup_cv": None,
+    "speedup_recheck": None,
+    "timing_retries": 0,
+}
 
 
 def test_the_timing_lane_is_lent_to_one_candidate_at_a_time() -> None:
-    config = EvalConfig(
-        device="cpu",
-        correctness_trials=1,
-        timing_trials=4,
-        warmup=1,
-        flush_bytes=0,
-        max_speedup_cv=None,
-        speedup_recheck=None,
-        timing_retries=0,
-        lane_slots=3,
-        exclusive_timing=False,  # the lane alone; the gate is test_gpugate's
-    )
+    # The lane alone; the gate is test_gpugate's.
+    config = EvalConfig(**ONE_BATCH, lane_slots=3, exclusive_timing=False)
     candidates = [C.sleeper(0.15) + f"\n# {index}\n" for index in range(3)]
     with Evaluator(config) as evaluator:
         results = evaluator.evaluate_batch([(MATMUL, code) for code in candidates], progress=False)
@@ -72,17 +73,7 @@ def test_the_gate_closes_for_each_timed_batch_only(monkeypatch: pytest.MonkeyPat
 
     monkeypatch.setattr(GpuGate, "quiet", counted_quiet)
     monkeypatch.setattr(GpuGate, "close", counted_close)
-    config = EvalConfig(
-        device="cpu",
-        correctness_trials=1,
-        timing_trials=4,
-        warmup=1,
-        flush_bytes=0,
-        max_speedup_cv=None,
-        speedup_recheck=None,
-        timing_retries=0,
-        exclusive_timing=True,
-    )
+    config = EvalConfig(**ONE_BATCH, exclusive_timing=True)
     with Evaluator(config) as evaluator:
         result = evaluator.evaluate(MATMUL, C.HONEST)
     assert result.verdict == Verdict.CORRECT, result.reasons
