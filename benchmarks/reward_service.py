@@ -322,6 +322,11 @@ def run_evaluator_mode(
                 "verdict": str(r.verdict),
                 "seconds": r.seconds,
                 "speedup": r.speedup,
+                "speedup_ci": r.speedup_ci,
+                # Medians, spreads and trial counts say why a timing ran long or moved.
+                "reference": r.reference.model_dump() if r.reference else None,
+                "candidate": r.candidate.model_dump() if r.candidate else None,
+                "reasons": list(r.reasons),
                 "stages": r.stages,
             }
             for r in results
