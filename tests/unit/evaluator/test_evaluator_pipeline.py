@@ -4,9 +4,11 @@ that bounds builds."""
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -78,6 +80,48 @@ def test_the_gate_closes_for_each_timed_batch_only(monkeypatch: pytest.MonkeyPat
         result = evaluator.evaluate(MATMUL, C.HONEST)
     assert result.verdict == Verdict.CORRECT, result.reasons
     assert batches and len(closes) == len(batches)
+
+
+def test_no_neighbours_step_runs_during_a_timed_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The exclusive lane in the pipeline: while one candidate's batch of rounds is timed, no
+    other candidate's GPU step (a request to its judge or its candidate) runs. The drain bound
+    is raised so that a step slowed by a loaded machine is waited for, not timed beside."""
+    steps: list[tuple[float, float]] = []
+    batches: list[tuple[float, float]] = []
+    init, step, quiet = GpuGate.__init__, GpuGate.step, GpuGate.quiet
+
+    def patient_init(gate: GpuGate, drain_s: float = 60.0) -> None:
+        init(gate, drain_s)
+
+    @contextlib.contextmanager
+    def recorded_step(gate: GpuGate, cancel: Any = None) -> Iterator[float]:
+        with step(gate, cancel) as waited:
+            begin = time.monotonic()
+            try:
+                yield waited
+            finally:
+                steps.append((begin, time.monotonic()))
+
+    @contextlib.contextmanager
+    def recorded_quiet(gate: GpuGate) -> Iterator[None]:
+        with quiet(gate):
+            begin = time.monotonic()
+            try:
+                yield
+            finally:
+                batches.append((begin, time.monotonic()))
+
+    monkeypatch.setattr(GpuGate, "__init__", patient_init)
+    monkeypatch.setattr(GpuGate, "step", recorded_step)
+    monkeypatch.setattr(GpuGate, "quiet", recorded_quiet)
+    config = EvalConfig(**{**ONE_BATCH, "correctness_trials": 3}, lane_slots=3, exclusive_timing=True)
+    candidates = [C.sleeper(0.02) + f"\n# {index}\n" for index in range(3)]
+    with Evaluator(config) as evaluator:
+        results = evaluator.evaluate_batch([(MATMUL, code) for code in candidates], progress=False)
+    assert [r.verdict for r in results] == [Verdict.CORRECT] * 3, [r.reasons for r in results]
+    assert len(batches) >= 3 and steps
+    overlaps = [(s, b) for s in steps for b in batches if s[0] < b[1] and s[1] > b[0]]
+    assert not overlaps, overlaps
 
 
 def test_cancelling_kills_a_running_evaluation() -> None:
