@@ -3,14 +3,14 @@
 Several candidates share a device (loading, correctness and traces overlap), but GPU contexts of
 different processes are time-sliced: a neighbour's correctness call during a timing stretches
 the timed calls and moves the reference by several percent, which makes speedups wander and
-defeats a reused reference's drift check. So each device has a gate. A timing closes it: new
-GPU steps of the other evaluations (each one request to their judge or candidate) wait until the
-timing's batch of rounds ends, and the batch waits for the steps already running to finish. The
-gate closes for one batch at a time, not for the whole timing: an adaptive timing can take a
-minute of batches for a large model, and the neighbours' steps run between them. The wait for those
-is bounded (`drain_s`): a step that never ends (a hostile candidate's endless call) cannot hold
-the device, it only leaves that timing with a neighbour, as before. Process start, imports and
-the candidate's load are not steps: they run beside a timing, mostly on the CPU.
+defeats a reused reference's drift check. So each device has a gate, closed for each batch of
+timed rounds: new GPU steps of the other evaluations (each one request to their judge or
+candidate) wait until the batch ends, and the batch first waits for the steps already running.
+It closes per batch, not for the whole timing, because an adaptive timing of a large model can
+take a minute of batches; the neighbours' steps run between them. The wait for running steps is
+bounded (`drain_s`): a step that never ends (a hostile candidate's endless call) cannot hold the
+device, it only leaves that batch with a neighbour. Process start, imports and the candidate's
+load are not steps: they run beside a timing, mostly on the CPU.
 """
 
 from __future__ import annotations
@@ -55,8 +55,9 @@ class GpuGate:
                 self._cond.notify_all()
 
     def close(self) -> None:
-        """Close the gate for a timing (the caller holds the device's timing lane, so there is
-        one timing at a time) and wait, at most `drain_s`, for the steps running to finish."""
+        """Close the gate for a batch of timed rounds (the caller holds the device's timing lane,
+        so there is one timing at a time) and wait, at most `drain_s`, for the steps running to
+        finish. Baselines close it for their whole run."""
         with self._cond:
             self._closed = True
             deadline = time.monotonic() + self.drain_s
