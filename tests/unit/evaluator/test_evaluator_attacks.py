@@ -128,3 +128,46 @@ def test_concurrent_candidates_cannot_reach_each_other() -> None:
         for future in attacks:
             result = future.result()
             assert MARKER not in result.log and result.verdict == Verdict.CORRECT, result.reasons
+
+
+# A C++/CUDA candidate (the build pool takes anything naming load_inline) works in its own build
+# directory. From there it reaches for a neighbour's build directory (to plant a remembered
+# build failure in it), for the directory above, and marks its own directory.
+_BUILD_DIR_ATTACK = (
+    C.HONEST
+    + """
+# load_inline
+from pathlib import Path
+
+_here = Path.cwd()
+(_here / "own-mark").write_text("the working directory is the build directory")
+for _target in (
+    _here.parent / "victim" / ".kf-failed-builds" / "planted",
+    _here.parent / "kf-attack-outside-build",
+    _here.parent.parent / "kf-attack-outside-build",
+):
+    try:
+        _target.parent.mkdir(parents=True, exist_ok=True)
+        _target.write_text("planted")
+    except OSError:
+        pass
+"""
+)
+
+
+def test_a_native_candidate_writes_only_its_own_build_directory(tmp_path: Path) -> None:
+    """Its working directory is its build directory (shared by its build, evaluation and
+    re-check); a neighbour's build directory, with its remembered failures, stays out of reach."""
+    config = EvalConfig(**{**FAST, "speedup_recheck": 0.0}, cache_dir=str(tmp_path), min_isolation="landlock")
+    with Evaluator(config) as evaluator:
+        first = evaluator.evaluate(TASK, _BUILD_DIR_ATTACK)
+        own = [p.parent for p in tmp_path.rglob("own-mark")]
+        assert len(own) == 1, own
+        victim = own[0].parent / "victim"
+        (victim / ".kf-failed-builds").mkdir(parents=True)
+        again = evaluator.evaluate(TASK, _BUILD_DIR_ATTACK)  # the build, evaluation and re-check again
+    for result in (first, again):
+        assert result.verdict == Verdict.CORRECT, (result.reasons, result.log)
+        assert "recheck" in result.stages
+    assert list((victim / ".kf-failed-builds").iterdir()) == []
+    assert list(tmp_path.rglob("kf-attack-outside-build")) == []
