@@ -157,9 +157,9 @@ class EvalConfig(EvaluationSettings):
     )
     exclusive_timing: bool = Field(
         default=True,
-        description="While a candidate times, the other candidates' GPU steps on that device wait "
-        "(their loading runs on). False: correctness overlaps timing, for more evaluations per hour "
-        "and noisier speedups (docs/evaluator.md has the H200's figures).",
+        description="While a candidate times a batch of rounds, the other candidates' GPU steps on that "
+        "device wait (their loading runs on). False: correctness overlaps timing, for more evaluations "
+        "per hour (docs/evaluator.md has the H200's figures).",
     )
     reference_reuse: bool = Field(
         default=False,

@@ -76,7 +76,7 @@ def _record_dir() -> Path | None:
     return Path(root) / _FAILURES if root else None
 
 
-def _stable_loader(load: Callable[..., Any]) -> Callable[..., Any]:
+def _shared_build_loader(load: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(load)
     def loader(*args: Any, **kwargs: Any) -> Any:
         if isinstance(kwargs.get("name"), str):
@@ -98,7 +98,7 @@ def _stable_loader(load: Callable[..., Any]) -> Callable[..., Any]:
                 temporary.replace(record)
             raise
 
-    loader.__kf_stable__ = True  # type: ignore[attr-defined]
+    loader.__kf_shared_builds__ = True  # type: ignore[attr-defined]
     return loader
 
 
@@ -108,5 +108,5 @@ def share_builds_across_processes() -> None:
 
     for attribute in _LOADERS:
         load = getattr(cpp_extension, attribute)
-        if not getattr(load, "__kf_stable__", False):
-            setattr(cpp_extension, attribute, _stable_loader(load))
+        if not getattr(load, "__kf_shared_builds__", False):
+            setattr(cpp_extension, attribute, _shared_build_loader(load))

@@ -49,7 +49,7 @@ class CountingLoader:
 def test_a_failed_build_fails_again_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     load = CountingLoader(COMPILER_ERROR)
-    wrapped = E._stable_loader(load)
+    wrapped = E._shared_build_loader(load)
     for _ in range(3):
         with pytest.raises(RuntimeError, match="was not declared"):
             wrapped(name="ext", cpp_sources="int f();")
@@ -64,7 +64,7 @@ def test_a_failure_that_may_not_repeat_is_not_remembered(
 ) -> None:
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     load = CountingLoader(KILLED)
-    wrapped = E._stable_loader(load)
+    wrapped = E._shared_build_loader(load)
     for _ in range(2):
         with pytest.raises(RuntimeError, match="Killed"):
             wrapped("ext", "int f();")
