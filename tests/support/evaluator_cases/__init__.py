@@ -534,7 +534,9 @@ class ModelNew(nn.Module):
 """
 
 # Its build always fails and it falls back to PyTorch, as many published kernels do: the build
-# pool's failure is remembered, so the evaluation's process does not compile it again.
+# pool's failure is remembered, so the evaluation's process does not compile it again. Each
+# process notes in its working directory (its build directory) whether the error it caught was
+# a remembered one the test marked with `kf-sentinel`.
 FALLBACK_CPP = r"""
 import torch
 import torch.nn as nn
@@ -550,8 +552,10 @@ class ModelNew(nn.Module):
                 cpp_sources="torch::Tensor relu_mm(torch::Tensor a, torch::Tensor b) { return a +; }",
                 functions=["relu_mm"],
             )
-        except RuntimeError:
+        except RuntimeError as error:
             self.ext = None
+            with open("caught.log", "a") as log:
+                log.write("remembered\n" if "kf-sentinel" in str(error) else "compiled\n")
 
     def forward(self, A, B):
         return torch.relu(torch.mm(A, B))

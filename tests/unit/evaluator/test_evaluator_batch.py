@@ -176,16 +176,24 @@ def test_an_extension_named_after_its_process_is_built_once(tmp_path: Path) -> N
 
 def test_a_failed_build_is_remembered_for_the_evaluation(tmp_path: Path) -> None:
     """A candidate that catches its failed build and falls back is judged on its fallback; the
-    build pool's compiler error is recorded once in its build directory, for the evaluation's
-    process to fail with at once."""
+    compiler's error is recorded in its build directory, and later processes (the build pool's
+    and the evaluation's) fail with the record at once instead of compiling again."""
     settings = {**FAST, "compile_timeout_s": 900.0, "timeout_seconds": 300.0}
     config = EvalConfig(**settings, cache_dir=str(tmp_path))
     with Evaluator(config) as evaluator:
-        result = evaluator.evaluate(MATMUL, C.FALLBACK_CPP)
-    assert result.verdict == Verdict.CORRECT, (result.reasons, result.log)
-    records = list(tmp_path.rglob(".kf-failed-builds/*"))
-    assert len(records) == 1
-    assert "error" in records[0].read_text()
+        first = evaluator.evaluate(MATMUL, C.FALLBACK_CPP)
+        records = list(tmp_path.rglob(".kf-failed-builds/*"))
+        assert len(records) == 1
+        assert "error" in records[0].read_text()
+        # Mark the record: a process that fails from it, not from a compile, says so.
+        records[0].write_text("Error building extension 'kf_test_fallback': kf-sentinel error: remembered")
+        caught = next(tmp_path.rglob("caught.log"))
+        before = caught.read_text().splitlines()
+        second = evaluator.evaluate(MATMUL, C.FALLBACK_CPP)  # the build and the evaluation again
+    for result in (first, second):
+        assert result.verdict == Verdict.CORRECT, (result.reasons, result.log)
+    assert before[0] == "compiled"
+    assert caught.read_text().splitlines()[len(before) :] == ["remembered", "remembered"]
 
 
 _RESUMABLE = """
