@@ -155,6 +155,13 @@ class EvalConfig(EvaluationSettings):
     timing_budget_s: float = Field(
         default=30.0, gt=0, description="No new timing batch starts after this many seconds of timing."
     )
+    timing_batch_s: float = Field(
+        default=2.0,
+        gt=0,
+        description="A timing batch ends after this many seconds once it has 21 rounds (3 per time bucket), "
+        "even short of timing_trials: a slow kernel is checked for a settled speedup every few seconds "
+        "rather than after 100 calls of each side.",
+    )
     exclusive_timing: bool = Field(
         default=True,
         description="While a candidate times a batch of rounds, the other candidates' GPU steps on that "

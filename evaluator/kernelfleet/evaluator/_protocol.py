@@ -55,6 +55,7 @@ _FLOATING = {"float16", "bfloat16", "float32", "float64"}
 _UNGATED = frozenset({"setup", "build", "bye"})  # requests that are no GPU step (see _gpu_step)
 _SPOT_RATE = 0.1  # share of timed rounds whose candidate output the judge checks
 _CHECK_EVERY = 4  # with a reference bank, the reference is timed on every 4th round: the drift check
+_MIN_BATCH_ROUNDS = 21  # a batch cut short by timing_batch_s still has 3 rounds per time bucket
 
 
 @dataclasses.dataclass(frozen=True)
@@ -733,14 +734,23 @@ class Evaluation:
             warmup = config.warmup if first else 2
             batch: dict[str, list[float]] = {"reference": [], "candidate": []}
             order = ["reference", "candidate"]
+            timed_since = 0.0
             for round_index in range(warmup + rounds):
+                if round_index == warmup:
+                    timed_since = time.monotonic()
+                # Slow kernels end a batch on time, so that the settle check (and the exclusive
+                # gate's neighbours) come every few seconds, not after `rounds` calls of 100 ms.
+                last = round_index == warmup + rounds - 1 or (
+                    round_index + 1 - warmup >= _MIN_BATCH_ROUNDS
+                    and time.monotonic() - timed_since >= config.timing_batch_s
+                )
                 counter[0] += 1
                 index = self.rng.randrange(count)
                 moves = [[self.rng.randrange(n), self.rng.randrange(n)] if n > 1 else None for n in numels]
                 seed = self.rng.getrandbits(31)
                 self.rng.shuffle(order)
                 timed = round_index >= warmup
-                keep = timed and (round_index == warmup + rounds - 1 or self.rng.random() < _SPOT_RATE)
+                keep = timed and (last or self.rng.random() < _SPOT_RATE)
                 message = {"op": "round", "index": index, "moves": moves, "seed": seed, "keep": keep}
                 both = not light[0] or keep or not timed or (round_index - warmup) % _CHECK_EVERY == 0
                 results = {}
@@ -769,6 +779,8 @@ class Evaluation:
                         if not keep:
                             inside[label].append(ms)
                             outside[label].append(span)
+                if last:
+                    break
             self.ask({"op": "guards", "stage": "timing"})
             if failed:
                 first_round, problem = failed[0]

@@ -117,6 +117,32 @@ def test_a_real_cpu_speedup_has_an_interval_above_one() -> None:
     assert {"reference", "candidate_load", "correctness", "timing"} <= set(result.stages)
 
 
+def test_a_batch_ends_on_time_once_it_has_three_rounds_per_bucket() -> None:
+    """A slow kernel's batch stops at `timing_batch_s` (here at once) after 21 rounds, not at
+    `timing_trials`: the settle check comes every few seconds. Without the time bound the same
+    evaluation times all 60 rounds."""
+
+    def timed_rounds(batch_s: float) -> tuple[int, int]:
+        config = EvalConfig(
+            device="cpu",
+            correctness_trials=1,
+            timing_trials=60,
+            timing_retries=0,
+            timing_batch_s=batch_s,
+            warmup=2,
+            flush_bytes=0,
+            speedup_recheck=None,
+        )
+        with Evaluator(config) as evaluator:
+            result = evaluator.evaluate(Task(name="slow", code=C.SLOW_TASK), C.SLOW_TASK_FAST)
+        assert result.verdict == Verdict.CORRECT, result.reasons
+        assert result.reference is not None and result.candidate is not None
+        return result.reference.trials, result.candidate.trials
+
+    assert timed_rounds(1e-6) == (21, 21)
+    assert timed_rounds(1e6) == (60, 60)
+
+
 # ---------------------------------------------------------------- a reused reference timing
 
 
