@@ -171,15 +171,29 @@ def describe_workload(chosen: list[tuple[Task, str, str]], matching: int) -> dic
     }
 
 
+def runnable_now() -> int | None:
+    """Threads runnable on the machine right now (/proc/stat's procs_running; None off Linux)."""
+    try:
+        for line in Path("/proc/stat").read_text().splitlines():
+            if line.startswith("procs_running "):
+                return int(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
 class LaneSampler:
     """Every 50 ms: is the queue full (a candidate ready and waiting for a slot: metrics.waiting
-    > 0), and does some lane hold the timing lock? Time-weighted shares of both."""
+    > 0), and does some lane hold the timing lock? Time-weighted shares of both. While a lane
+    times, also the machine's runnable threads: more than its cores means a timing process
+    waits for a CPU, which moves a reference bound by kernel launches."""
 
     def __init__(self, metrics: Any, period: float = 0.05) -> None:
         self.metrics = metrics
         self.period = period
         self.total = self.busy = self.full = self.busy_full = 0.0
         self.samples = 0
+        self.runnable_while_timing: list[int] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="lane-sampler", daemon=True)
 
@@ -202,6 +216,8 @@ class LaneSampler:
             self.samples += 1
             self.total += step
             self.busy += step if held else 0.0
+            if held and (runnable := runnable_now()) is not None:
+                self.runnable_while_timing.append(runnable)
             if waiting > 0:
                 self.full += step
                 self.busy_full += step if held else 0.0
@@ -220,7 +236,20 @@ class LaneSampler:
             "busy_share_queue_full": round(self.busy_full / self.full, 4) if self.full else None,
             "queue_full_s": round(self.full, 1),
             "samples": self.samples,
+            "cores": os.cpu_count(),
+            "runnable_while_timing": quantiles(self.runnable_while_timing),
         }
+
+
+def quantiles(values: list[int]) -> dict[str, float] | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return {
+        "median": float(statistics.median(ordered)),
+        "p90": float(ordered[int(0.9 * (len(ordered) - 1))]),
+        "max": float(ordered[-1]),
+    }
 
 
 def stage_table(results: list[EvaluationResult]) -> dict[str, dict[str, float]]:

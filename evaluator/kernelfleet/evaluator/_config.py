@@ -153,7 +153,10 @@ class EvalConfig(EvaluationSettings):
         description="A speedup is settled when its 95% interval is within this fraction of it.",
     )
     timing_budget_s: float = Field(
-        default=30.0, gt=0, description="No new timing batch starts after this many seconds of timing."
+        default=10.0,
+        gt=0,
+        description="No new timing batch starts after this many seconds of timing (a batch lasts at most "
+        "timing_batch_s once it has 21 rounds).",
     )
     timing_batch_s: float = Field(
         default=2.0,

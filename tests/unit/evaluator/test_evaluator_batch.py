@@ -17,6 +17,7 @@ import pytest
 from kernelfleet.core.models import EvaluationResult, ResultKey, Task, Verdict
 from kernelfleet.evaluator import DirectoryResultCache, EvalConfig, Evaluator
 from kernelfleet.evaluator import reasons as R
+from kernelfleet.evaluator._protocol import BUILD_NICENESS
 from tests.support import evaluator_cases as C
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -194,6 +195,26 @@ def test_a_failed_build_is_remembered_for_the_evaluation(tmp_path: Path) -> None
         assert result.verdict == Verdict.CORRECT, (result.reasons, result.log)
     assert before[0] == "compiled"
     assert caught.read_text().splitlines()[len(before) :] == ["remembered", "remembered"]
+
+
+def test_a_build_runs_at_a_low_priority(tmp_path: Path) -> None:
+    """The build pool's process (and so its compilers) runs niced, so that it takes no CPU from a
+    timing; the evaluation's processes run at the normal priority. The candidate writes the
+    priority it sees into its working directory, its build directory, in each process."""
+    code = C.HONEST.replace(
+        "import torch\n",
+        "import os\nimport torch  # no torch.utils.cpp_extension build: it only goes through the pool\n"
+        "open(f'niceness-{os.getpriority(os.PRIO_PROCESS, 0)}', 'w').close()\n",
+        1,
+    )
+    config = EvalConfig(**FAST, cache_dir=str(tmp_path))
+    with Evaluator(config) as evaluator:
+        result = evaluator.evaluate(MATMUL, code)
+    assert result.verdict == Verdict.CORRECT, (result.reasons, result.log)
+    assert "build" in result.stages
+    ours = os.getpriority(os.PRIO_PROCESS, 0)
+    seen = {path.name for path in tmp_path.rglob("niceness-*")}
+    assert seen == {f"niceness-{ours}", f"niceness-{max(ours, BUILD_NICENESS)}"}
 
 
 _RESUMABLE = """
