@@ -638,6 +638,12 @@ def part_repeat(
             )
         else:
             row["verdicts"] = [str(r.verdict) if r else "not evaluated" for r in (first, second)]
+        # Why a side has no speedup: its reasons, and the end of its log when it failed.
+        row["why"] = [
+            {"reasons": list(r.reasons)[:4], "log": (r.log or "")[-600:] if r.verdict != "correct" else ""}
+            for r in (first, second)
+            if r is not None and not r.speedup
+        ]
         rows.append(row)
     big = sorted(r["disagreement"] for r in rows if "disagreement" in r and r["candidate_ms"] >= 0.05)
     every = sorted(r["disagreement"] for r in rows if "disagreement" in r)
