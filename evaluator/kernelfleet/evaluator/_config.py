@@ -211,7 +211,8 @@ class EvalConfig(EvaluationSettings):
     scratch_bytes: int = Field(
         default=4 * 1024**3,
         gt=0,
-        description="Size of the sandbox's private /tmp, and the largest file a candidate may write.",
+        description="The largest file a candidate may write, and its share of the sandbox's private /tmp "
+        "(sized at this for each evaluation and build running at once).",
     )
     baseline_modes: tuple[str, ...] = BASELINE_MODES
     baseline_trials: int | None = Field(default=None, description="None: timing_trials.")

@@ -338,7 +338,18 @@ class Evaluator:
         return self._level
 
     def _sandbox(self) -> Sandbox:
-        return sandbox_for(self.isolation, str(self.config.build_root), self.config.scratch_bytes)
+        return sandbox_for(self.isolation, str(self.config.build_root), self._sandbox_tmp_bytes())
+
+    def _sandbox_tmp_bytes(self) -> int:
+        """The size of the sandbox's /tmp, which every process it runs at once shares:
+        `scratch_bytes` for each evaluation the devices run at once and for each build. (With
+        one `scratch_bytes` for all, four slots of level-1 tasks, whose inputs, input bank and
+        outputs take a gigabyte or more each, filled it on the H200: judges and harnesses failed
+        with "No space left on device" and candidates were blamed.) A tmpfs takes memory only
+        for what is written; the size is capped at the machine's memory."""
+        at_once = self._lane_slots() * _device_count(self.config.device) + self._compile_workers()
+        scratch = self.config.scratch_bytes
+        return max(scratch, min(scratch * at_once, 2 * _half_memory()))
 
     def _sides(self, config: EvalConfig, lane: _Lane | None, env: dict[str, str]) -> Sides:
         level = self.isolation
@@ -1022,6 +1033,14 @@ class Evaluator:
 
 
 _PROCESSES = 512  # tasks (threads count) a candidate may add, where RLIMIT_NPROC is the process limit
+
+
+def _device_count(device: str) -> int:
+    """How many GPUs `device` names, without importing torch: `cuda` counts the NVIDIA device
+    files (an upper bound when CUDA_VISIBLE_DEVICES hides some)."""
+    if device != "cuda":
+        return 1
+    return max(1, len([p for p in Path("/dev").glob("nvidia[0-9]*") if p.name[6:].isdigit()]))
 
 
 def _half_memory() -> int:

@@ -154,3 +154,24 @@ def test_cpu_time_counts_the_process_tree_not_the_wall_clock() -> None:
             assert low <= peak <= high, peak  # the grandchild's CPU time is the parent's
         else:
             assert peak <= high, peak
+
+
+def test_evaluations_side_by_side_each_have_their_scratch_space() -> None:
+    """The sandbox's /tmp is shared by every process it runs at once, so it holds
+    `scratch_bytes` for each: two candidates that each fill most of their scratch space at the
+    same time both pass. (With one `scratch_bytes` for all, the second one's write failed with
+    "No space left on device", as level-1 tasks' inputs did on the H200.)"""
+    scratch = 48 * 1024**2
+    until = time.time() + 8  # both hold their file until then: the two writes overlap
+    fill = (
+        "import time\n"
+        f"open('fill', 'wb').write(b'x' * {40 * 1024**2})\n"
+        f"while time.time() < {until!r}:\n"
+        "    time.sleep(0.05)\n"
+    )
+    items = [(MATMUL, fill + C.HONEST + f"\n# candidate {i}\n") for i in range(2)]
+    config = EvalConfig(**ONE_BATCH, lane_slots=2, compile_workers=1, scratch_bytes=scratch)
+    with Evaluator(config) as evaluator:
+        results = evaluator.evaluate_batch(items, progress=False)
+    for result in results:
+        assert result.verdict == Verdict.CORRECT, (result.reasons, result.log)
