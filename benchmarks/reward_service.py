@@ -28,7 +28,9 @@ pass --kernels or set $KERNELFLEET_CUDA_L1_KERNELS). Three parts, each saved as 
   candidate differ (|s_reuse / s_paired - 1|, p50 and p90, over candidates of 50 us and more).
 - repeat: each candidate evaluated twice in fresh processes; the disagreement of the two
   speedups |s1/s2 - 1| at the 50th and 90th percentile, over candidates of 50 us and more.
-  Reference reuse is off here: each timing stands on its own paired measurement.
+  Reference reuse is off here: each timing stands on its own paired measurement. Each row says
+  why a side has no speedup. --repeat-slots 1 --repeat-build-workers 1 takes the neighbours
+  away: the machine's own repeatability, beside the pipeline's.
 
 Workload rule (throughput): the JSONL rows whose task exists in --tasks, sorted by (level, task
 id); with M of them and N = --count, row floor((i + 0.5) * M / N) for i in 0..N-1 (every
@@ -595,6 +597,11 @@ def part_repeat(
     workload: list[tuple[Task, str, str]], args: argparse.Namespace, budget: float
 ) -> dict[str, Any]:
     no_reuse = {"reference_reuse": False} if "reference_reuse" in EvalConfig.model_fields else {}
+    # --repeat-slots 1 --repeat-build-workers 1 times each candidate with no neighbour: the
+    # machine's own repeatability, to set beside the pipeline's.
+    neighbours = {"lane_slots": args.repeat_slots or args.lane_slots}
+    if args.repeat_build_workers:
+        neighbours["compile_workers"] = args.repeat_build_workers
     config = EvalConfig(
         device=args.device,
         profile=args.profile,
@@ -603,6 +610,7 @@ def part_repeat(
         timeout_seconds=args.task_timeout,
         compile_timeout_s=args.task_timeout,
         **no_reuse,
+        **neighbours,
     )
     chosen = workload[: args.repeat_tasks]
     items = []
@@ -648,6 +656,7 @@ def part_repeat(
     big = sorted(r["disagreement"] for r in rows if "disagreement" in r and r["candidate_ms"] >= 0.05)
     every = sorted(r["disagreement"] for r in rows if "disagreement" in r)
     return {
+        "settings": neighbours,
         "tasks": len(chosen),
         "timed_pairs": len(every),
         "pairs_50us_and_up": len(big),
@@ -796,7 +805,8 @@ def markdown(report: dict[str, Any]) -> str:
     if "repeat" in report:
         r = report["repeat"]
         lines += [
-            f"## Repeatability ({r['tasks']} tasks, each candidate timed in two fresh processes)",
+            f"## Repeatability ({r['tasks']} tasks, each candidate timed in two fresh processes, "
+            f"{r.get('settings', {})})",
             "",
             f"|s1/s2 - 1| over {r['pairs_50us_and_up']} candidates of 50 us and more: p50 "
             f"{r['p50_disagreement_50us_and_up']}, p90 {r['p90_disagreement_50us_and_up']} "
@@ -824,6 +834,10 @@ def main() -> int:
         help="folder holding KernelBench's kernelbench package (not in the repository)",
     )
     parser.add_argument("--repeat-tasks", type=int, default=40)
+    parser.add_argument("--repeat-slots", type=int, default=None, help="lane slots in the repeat part")
+    parser.add_argument(
+        "--repeat-build-workers", type=int, default=None, help="build processes in the repeat part"
+    )
     parser.add_argument("--variant-tasks", type=int, default=8, help="tasks in the variants part")
     parser.add_argument("--variants", type=int, default=4, help="candidates per task in the variants part")
     parser.add_argument("--trials", type=int, default=100)
