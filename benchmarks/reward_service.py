@@ -29,8 +29,8 @@ pass --kernels or set $KERNELFLEET_CUDA_L1_KERNELS). Three parts, each saved as 
 - repeat: each candidate evaluated twice in fresh processes; the disagreement of the two
   speedups |s1/s2 - 1| at the 50th and 90th percentile, over candidates of 50 us and more.
   Reference reuse is off here: each timing stands on its own paired measurement. Each row says
-  why a side has no speedup. --repeat-slots 1 --repeat-build-workers 1 takes the neighbours
-  away: the machine's own repeatability, beside the pipeline's.
+  why a side has no speedup. --repeat-config lane_slots=1,compile_workers=1 takes the
+  neighbours away: the machine's own repeatability, beside the pipeline's.
 
 Workload rule (throughput): the JSONL rows whose task exists in --tasks, sorted by (level, task
 id); with M of them and N = --count, row floor((i + 0.5) * M / N) for i in 0..N-1 (every
@@ -597,11 +597,9 @@ def part_repeat(
     workload: list[tuple[Task, str, str]], args: argparse.Namespace, budget: float
 ) -> dict[str, Any]:
     no_reuse = {"reference_reuse": False} if "reference_reuse" in EvalConfig.model_fields else {}
-    # --repeat-slots 1 --repeat-build-workers 1 times each candidate with no neighbour: the
-    # machine's own repeatability, to set beside the pipeline's.
-    neighbours = {"lane_slots": args.repeat_slots or args.lane_slots}
-    if args.repeat_build_workers:
-        neighbours["compile_workers"] = args.repeat_build_workers
+    # --repeat-config lane_slots=1,compile_workers=1 times each candidate with no neighbour:
+    # the machine's own repeatability, to set beside the pipeline's.
+    neighbours: dict[str, Any] = {"lane_slots": args.lane_slots, **args.repeat_config}
     config = EvalConfig(
         device=args.device,
         profile=args.profile,
@@ -656,7 +654,7 @@ def part_repeat(
     big = sorted(r["disagreement"] for r in rows if "disagreement" in r and r["candidate_ms"] >= 0.05)
     every = sorted(r["disagreement"] for r in rows if "disagreement" in r)
     return {
-        "settings": neighbours,
+        "settings": {key: getattr(config, key) for key in neighbours},
         "tasks": len(chosen),
         "timed_pairs": len(every),
         "pairs_50us_and_up": len(big),
@@ -817,6 +815,15 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def config_overrides(text: str) -> dict[str, str]:
+    """`a=1,b=false` -> {"a": "1", "b": "false"}; EvalConfig checks and converts the values."""
+    pairs = [item.split("=", 1) for item in text.split(",") if item.strip()]
+    bad = [item for item in pairs if len(item) != 2 or item[0].strip() not in EvalConfig.model_fields]
+    if bad:
+        raise argparse.ArgumentTypeError(f"expected FIELD=VALUE pairs of EvalConfig fields, got {bad}")
+    return {key.strip(): value.strip() for key, value in pairs}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -834,9 +841,11 @@ def main() -> int:
         help="folder holding KernelBench's kernelbench package (not in the repository)",
     )
     parser.add_argument("--repeat-tasks", type=int, default=40)
-    parser.add_argument("--repeat-slots", type=int, default=None, help="lane slots in the repeat part")
     parser.add_argument(
-        "--repeat-build-workers", type=int, default=None, help="build processes in the repeat part"
+        "--repeat-config",
+        type=config_overrides,
+        default={},
+        help="EvalConfig fields for the repeat part, e.g. lane_slots=1,compile_workers=1",
     )
     parser.add_argument("--variant-tasks", type=int, default=8, help="tasks in the variants part")
     parser.add_argument("--variants", type=int, default=4, help="candidates per task in the variants part")
