@@ -739,6 +739,8 @@ def throughput_markdown(t: dict[str, Any]) -> list[str]:
                 cells.append(f"{s['median_s']} / {s['total_s']}" if s else "-")
             lines.append(f"| {stage} | " + " | ".join(cells) + " |")
         lines.append("")
+    for name in evaluator_modes:
+        lines += candidate_table(name, modes[name].get("per_candidate", []))
     if "kernelbench" in modes:
         k = modes["kernelbench"]
         lines += [
@@ -749,6 +751,41 @@ def throughput_markdown(t: dict[str, Any]) -> list[str]:
             "",
         ]
     return lines
+
+
+def seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def candidate_table(mode: str, rows: list[dict[str, Any]]) -> list[str]:
+    """Each timed candidate of a mode: its speedup and interval, both medians with their spread
+    (IQR over median), rounds, and its timing and re-check seconds; a wide spread or a long
+    timing shows at a glance."""
+    timed = [r for r in rows if r.get("reference") and r.get("candidate")]
+    if not timed:
+        return []
+    lines = [
+        f"Timed candidates, {mode}:",
+        "",
+        "| task | speedup (95% interval) | reference ms (IQR / median) | candidate ms (IQR / median) "
+        "| rounds | timing s | re-check s |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in timed:
+        ref, cand, stages = r["reference"], r["candidate"], r.get("stages", {})
+        interval = r.get("speedup_ci")
+        speedup = "none" if r.get("speedup") is None else f"{r['speedup']:.3f}"
+        if interval:
+            speedup += f" ({interval[0]:.3f}-{interval[1]:.3f})"
+
+        def side(t: dict[str, Any]) -> str:
+            return f"{t['median_ms']:.4g} ({t['iqr_ms'] / t['median_ms']:.1%})" if t["median_ms"] else "-"
+
+        lines.append(
+            f"| {r['task']} | {speedup} | {side(ref)} | {side(cand)} | {ref['trials']} | "
+            f"{seconds(stages.get('timing'))} | {seconds(stages.get('recheck'))} |"
+        )
+    return [*lines, ""]
 
 
 def variants_markdown(v: dict[str, Any]) -> list[str]:
