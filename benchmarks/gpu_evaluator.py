@@ -114,10 +114,12 @@ def commit() -> str:
 
 
 class UtilizationSampler:
-    """Samples nvidia-smi's GPU utilisation twice a second while a part runs."""
+    """Samples nvidia-smi's GPU utilisation and SM clock twice a second while a part runs (a GPU
+    idle between timed calls may clock down, which stretches short kernels)."""
 
     def __init__(self) -> None:
         self.samples: list[float] = []
+        self.clocks: list[float] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self.available = shutil.which("nvidia-smi") is not None
@@ -126,12 +128,20 @@ class UtilizationSampler:
         while not self._stop.wait(0.5):
             try:
                 out = subprocess.run(
-                    ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-i", "0"],
+                    [
+                        "nvidia-smi",
+                        "--query-gpu=utilization.gpu,clocks.sm",
+                        "--format=csv,noheader,nounits",
+                        "-i",
+                        "0",
+                    ],
                     capture_output=True,
                     text=True,
                     timeout=5,
                 )
-                self.samples.append(float(out.stdout.strip().splitlines()[0]))
+                utilization, clock = out.stdout.strip().splitlines()[0].split(",")
+                self.samples.append(float(utilization))
+                self.clocks.append(float(clock))
             except (OSError, subprocess.SubprocessError, ValueError, IndexError):
                 return
 
@@ -148,6 +158,14 @@ class UtilizationSampler:
     @property
     def mean(self) -> float | None:
         return round(statistics.fmean(self.samples), 1) if self.samples else None
+
+    @property
+    def clock_mhz(self) -> dict[str, float] | None:
+        """The SM clock's 10th percentile, median and largest sample."""
+        if not self.clocks:
+            return None
+        ordered = sorted(self.clocks)
+        return {"p10": ordered[len(ordered) // 10], "median": statistics.median(ordered), "max": ordered[-1]}
 
 
 # ---------------------------------------------------------------- parts

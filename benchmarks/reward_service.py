@@ -346,6 +346,7 @@ def run_evaluator_mode(
         timing_lane_busy_share=metrics.get("timing_lane_busy_share"),
         lane_active_share=metrics.get("lane_active_share"),
         nvidia_smi_mean_utilization_pct=util.mean,
+        nvidia_smi_sm_clock_mhz=util.clock_mhz,
         # Each candidate's own seconds per stage: where a batch's tail comes from.
         per_candidate=[
             {
@@ -443,6 +444,7 @@ def run_kernelbench_mode(
         phase2_evaluate_s=summary.get("phase2_evaluate_s"),
         compile_workers=summary.get("workers"),
         nvidia_smi_mean_utilization_pct=util.mean,
+        nvidia_smi_sm_clock_mhz=util.clock_mhz,
         rows=[
             {
                 k: r.get(k)
@@ -619,7 +621,7 @@ def part_repeat(
     def past_deadline(_: float) -> bool:
         return time.monotonic() > deadline
 
-    with Evaluator(config) as evaluator:
+    with UtilizationSampler() as util, Evaluator(config) as evaluator:
         try:
             results: list[EvaluationResult | None] = list(
                 evaluator.evaluate_batch(items, progress=False, stop=past_deadline)
@@ -655,6 +657,8 @@ def part_repeat(
     every = sorted(r["disagreement"] for r in rows if "disagreement" in r)
     return {
         "settings": {key: getattr(config, key) for key in neighbours},
+        "nvidia_smi_mean_utilization_pct": util.mean,
+        "nvidia_smi_sm_clock_mhz": util.clock_mhz,
         "tasks": len(chosen),
         "timed_pairs": len(every),
         "pairs_50us_and_up": len(big),
@@ -715,7 +719,8 @@ def throughput_markdown(t: dict[str, Any]) -> list[str]:
         lines.append(
             f"| {name} | {m['finished']} / {m['candidates']}{status} | {m['wall_s']} | "
             f"{cell(m['evaluations_per_gpu_hour'])} | {cell(m['median_seconds_per_candidate'])} | {busy} | "
-            f"{cell(m['nvidia_smi_mean_utilization_pct'])} | {cell(m['verdicts'])} |"
+            f"{cell(m['nvidia_smi_mean_utilization_pct'])}{clock_note(m.get('nvidia_smi_sm_clock_mhz'))} | "
+            f"{cell(m['verdicts'])} |"
         )
     lines.append("")
     for name, value in t.get("ratios", {}).items():
@@ -751,6 +756,10 @@ def throughput_markdown(t: dict[str, Any]) -> list[str]:
             "",
         ]
     return lines
+
+
+def clock_note(clock: dict[str, float] | None) -> str:
+    return f" (SM clock p10 {clock['p10']:.0f}, median {clock['median']:.0f} MHz)" if clock else ""
 
 
 def seconds(value: float | None) -> str:
@@ -846,7 +855,8 @@ def markdown(report: dict[str, Any]) -> str:
             f"|s1/s2 - 1| over {r['pairs_50us_and_up']} candidates of 50 us and more: p50 "
             f"{r['p50_disagreement_50us_and_up']}, p90 {r['p90_disagreement_50us_and_up']} "
             f"(all {r['timed_pairs']} "
-            f"timed: p90 {r['p90_disagreement_all']}).",
+            f"timed: p90 {r['p90_disagreement_all']}); nvidia-smi mean "
+            f"{cell(r.get('nvidia_smi_mean_utilization_pct'))}%{clock_note(r.get('nvidia_smi_sm_clock_mhz'))}.",
             "",
         ]
     return "\n".join(lines)
