@@ -313,7 +313,7 @@ class CandidateSession:
         self.flush = (
             torch.empty(flush_bytes, dtype=torch.uint8, device=self.device) if flush_bytes > 0 else None
         )
-        self.clock = _Clock(self.device)
+        self.clock = _Clock(self.device, float(request.get("warm_ms", 0.0)))
         return {}
 
     def round(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -323,7 +323,7 @@ class CandidateSession:
         if self.flush is not None:
             self.flush.zero_()
         G.manual_seed(int(request["seed"]))
-        self.clock.sync()
+        self.clock.ready()
         buffers = self.buffers
         model = self.cand_model
         elapsed, naive, out = self.clock.measure(lambda: model(*buffers))

@@ -165,6 +165,14 @@ class EvalConfig(EvaluationSettings):
         "even short of timing_trials: a slow kernel is checked for a settled speedup every few seconds "
         "rather than after 100 calls of each side.",
     )
+    clock_warmup_ms: float = Field(
+        default=0.0,
+        ge=0,
+        le=100,
+        description="CUDA only: spin the GPU about this long before each timed call of either side (untimed, "
+        "then synchronised), so that a GPU idle between rounds has raised its clock when the call starts. "
+        "0: off. An experiment: its effect on repeatability is not measured yet.",
+    )
     exclusive_timing: bool = Field(
         default=True,
         description="While a candidate times a batch of rounds, the other candidates' GPU steps on that "

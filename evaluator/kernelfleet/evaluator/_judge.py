@@ -172,7 +172,7 @@ class JudgeSession:
         self.buffers = clone_tree(sets[0])
         flush_bytes = int(request["flush_bytes"])
         self.flush = torch.empty(flush_bytes, dtype=torch.uint8, device=s.device) if flush_bytes > 0 else None
-        self.clock = _Clock(s.device)
+        self.clock = _Clock(s.device, float(request.get("warm_ms", 0.0)))
         return {"count": count, "numels": self.bank.numels}
 
     def round(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -182,7 +182,7 @@ class JudgeSession:
         if self.flush is not None:
             self.flush.zero_()
         G.manual_seed(int(request["seed"]))
-        self.clock.sync()
+        self.clock.ready()
         buffers, model = self.buffers, self.session.ref_model
         elapsed, naive, out = self.clock.measure(lambda: model(*buffers))
         check_materialised(out, self.session.device)  # the candidate's side does it too: same cost

@@ -668,11 +668,20 @@ class Evaluation:
                 "seeds": [self.rng.getrandbits(31) for _ in range(3)],
                 "prefix": "bank",
                 "flush_bytes": flush_bytes,
+                "warm_ms": config.clock_warmup_ms,
             }
         )
         count = int(bank["count"])
         numels = [int(n) for n in bank.get("numels", [])]
-        self.ask({"op": "bank", "count": count, "prefix": "bank", "flush_bytes": flush_bytes})
+        self.ask(
+            {
+                "op": "bank",
+                "count": count,
+                "prefix": "bank",
+                "flush_bytes": flush_bytes,
+                "warm_ms": config.clock_warmup_ms,
+            }
+        )
         total = TimingRun({"reference": [], "candidate": []}, {"reference": [], "candidate": []})
         outside: dict[str, list[float]] = {"reference": [], "candidate": []}
         inside: dict[str, list[float]] = {"reference": [], "candidate": []}

@@ -223,3 +223,21 @@ def test_an_evaluator_times_a_tasks_reference_once_per_session() -> None:
     assert R.REFERENCE_REUSED in R.codes(second.reasons), second.reasons
     assert second.speedup is not None and second.speedup_ci is not None
     assert all(R.REFERENCE_REUSED not in R.codes(r.reasons) for r in fresh)
+
+
+def test_an_evaluation_with_the_clock_warm_up_set_times_as_before_on_the_cpu() -> None:
+    """The setting travels to both sides' timing (a no-op without a GPU)."""
+    config = EvalConfig(
+        device="cpu",
+        correctness_trials=1,
+        timing_trials=5,
+        warmup=1,
+        flush_bytes=0,
+        max_speedup_cv=None,
+        speedup_recheck=None,
+        clock_warmup_ms=5.0,
+    )
+    with Evaluator(config) as evaluator:
+        result = evaluator.evaluate(Task(name="slow", code=C.SLOW_TASK), C.SLOW_TASK_FAST)
+    assert result.verdict == Verdict.CORRECT, result.reasons
+    assert result.speedup is not None
