@@ -36,9 +36,25 @@ cuda_synchronize = torch.cuda.synchronize
 CudaEvent = torch.cuda.Event
 allclose = torch.allclose
 tensor_equal = torch.equal
-manual_seed = torch.manual_seed
+_seed_cpu = torch.default_generator.manual_seed
+_seed_cuda_all = torch.cuda.manual_seed_all
+_cuda_initialized = torch.cuda.is_initialized
 _thread_start = threading.Thread.start
 _start_new_thread = _thread.start_new_thread
+
+
+def manual_seed(seed: int) -> None:
+    """`torch.manual_seed` for the generators an evaluation uses: the CPU's and CUDA's.
+
+    `torch.manual_seed` also records a lazy seeding call for each backend not initialised (XPU,
+    MTIA, and CUDA before its first use), each with a formatted stack trace of the caller: a
+    fraction of a millisecond to more than one, on every timed round of both sides, while the
+    GPU waits. CUDA is seeded once it is up: an evaluation on a GPU moves the model there
+    before any seeded call."""
+    _seed_cpu(seed)
+    if _cuda_initialized():
+        _seed_cuda_all(seed)
+
 
 _TORCH_DIR = str(Path(torch.__file__).resolve().parent)
 _STDLIB_DIR = str(Path(sysconfig.get_paths()["stdlib"]).resolve())

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import random
+import traceback
 from typing import Any
 
 import pytest
 import torch
 
+from kernelfleet.evaluator import _guards as G
 from kernelfleet.evaluator._timing import (
     InputBank,
     Subject,
@@ -85,3 +87,21 @@ def test_the_clock_warm_up_is_cuda_only() -> None:
     """On the CPU there is no GPU clock to raise: the warm-up is off whatever it is set to."""
     assert _Clock(torch.device("cpu"), warm_ms=5.0).warm_cycles == 0
     assert _Clock(torch.device("cpu")).warm_cycles == 0
+
+
+def test_seeding_resets_the_generator_without_formatting_stacks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every timed round reseeds both sides. The harness's seeding gives the same stream for the
+    same seed and formats no stack trace (torch.manual_seed formats one per backend it cannot
+    seed yet, on every call, which costs up to a millisecond a round)."""
+    G.manual_seed(7)
+    first = torch.rand(8)
+    G.manual_seed(7)
+    assert torch.equal(torch.rand(8), first)
+
+    def no_stacks(*args: Any, **kwargs: Any) -> list[str]:
+        raise AssertionError("a stack trace was formatted")
+
+    monkeypatch.setattr(traceback, "format_stack", no_stacks)
+    G.manual_seed(3)
+    with pytest.raises(AssertionError, match="stack trace"):
+        torch.manual_seed(3)  # what the harness used to call
