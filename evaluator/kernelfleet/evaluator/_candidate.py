@@ -317,7 +317,12 @@ class CandidateSession:
         return {}
 
     def round(self, request: dict[str, Any]) -> dict[str, Any]:
+        """One timed call. The request does not say whether the judge will check this round's
+        output: the output is held until the next round, and `ship_round` sends it when asked,
+        after the call (a candidate that found the request in its caller's frames could
+        otherwise do the work on checked rounds only)."""
         assert self.bank is not None and self.clock is not None
+        self.kept = None  # the last round's output, freed before this round's call
         moves = [tuple(m) if m is not None else None for m in request["moves"]]
         self.bank.fill(self.buffers, int(request["index"]), moves)
         if self.flush is not None:
@@ -333,18 +338,23 @@ class CandidateSession:
             answer["problem"] = R.reason(
                 R.LAZY_OUTPUT, "an output during timing was not a plain materialised tensor"
             )
-        elif request.get("keep"):
-            if has_poison(out):
-                answer["problem"] = R.reason(
-                    R.STALE_MEMORY, "an output during timing held freed memory it never wrote"
-                )
-            self.kept = clone_tree(out)
+        else:
+            self.kept = out
         del out
         return answer
 
     def ship_round(self, request: dict[str, Any]) -> dict[str, Any]:
-        write_tree(self.path(str(request["output"])), self.kept)
-        self.kept = None
+        """The last round's output, for the judge to compare with the reference's."""
+        out, self.kept = self.kept, None
+        if out is None:
+            raise ValueError("ship_round without a timed round to ship")
+        if has_poison(out):
+            return {
+                "problem": R.reason(
+                    R.STALE_MEMORY, "an output during timing held freed memory it never wrote"
+                )
+            }
+        write_tree(self.path(str(request["output"])), out)
         return {}
 
     def guards(self, request: dict[str, Any]) -> dict[str, Any]:

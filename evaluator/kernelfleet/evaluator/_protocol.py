@@ -762,17 +762,22 @@ class Evaluation:
                 self.rng.shuffle(order)
                 timed = round_index >= warmup
                 keep = timed and (last or self.rng.random() < _SPOT_RATE)
-                message = {"op": "round", "index": index, "moves": moves, "seed": seed, "keep": keep}
+                # Only the judge is told which rounds are checked; the candidate ships its output
+                # when asked, after its call.
+                message = {"op": "round", "index": index, "moves": moves, "seed": seed}
+                messages = {"reference": {**message, "keep": keep}, "candidate": message}
                 both = not light[0] or keep or not timed or (round_index - warmup) % _CHECK_EVERY == 0
                 results = {}
                 for label in order:
                     if both or label == "candidate":
-                        results[label] = side(label, message)
+                        results[label] = side(label, messages[label])
                 problem = results["candidate"][3]
                 if problem is None and keep:
                     output = self.name("round")
-                    self.ask({"op": "ship_round", "output": output})
-                    if not self.ask_judge({"op": "check_round", "output": output}).get("ok"):
+                    shipped = self.ask({"op": "ship_round", "output": output}).get("problem")
+                    if shipped:
+                        problem = str(shipped)
+                    elif not self.ask_judge({"op": "check_round", "output": output}).get("ok"):
                         problem = R.reason(
                             R.CACHED_OUTPUT,
                             "during timing the candidate's output differed from the reference's for the same "

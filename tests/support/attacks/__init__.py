@@ -106,6 +106,15 @@ ATTACKS: tuple[Attack, ...] = (
         reasons=frozenset({"harness-patched", "clock-mismatch"}),
     ),
     Attack(
+        "foresee_checked_rounds",
+        "reads from its caller's frames whether a timed round's output will be checked, and "
+        "returns a stale output on the rounds that are not",
+        "correct, 6.28x, no reason given (the round request said which rounds were checked)",
+        verdicts=("rejected",),
+        reasons=frozenset({"cached-output"}),
+        marker_is_harm=False,
+    ),
+    Attack(
         "allocate_20gb",
         "allocates and touches 20 GB of host memory",
         "stopped by the timeout, after most of the host's memory (issue 9)",
