@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
-from kernelfleet.core.models import Task, Verdict
+from kernelfleet.core.models import EvaluationResult, Task, Verdict
 from kernelfleet.evaluator import EvalConfig, Evaluator
 from kernelfleet.evaluator import reasons as R
 from kernelfleet.evaluator._timing import AdaptiveTiming, adaptive_timing, decide, speedup_interval
@@ -95,18 +96,15 @@ def test_the_interval_covers_the_truth() -> None:
     assert covered >= 34  # 95% nominal; 34 of 40 leaves room for chance
 
 
-def test_a_real_cpu_speedup_has_an_interval_above_one() -> None:
-    config = EvalConfig(
-        device="cpu",
-        correctness_trials=2,
-        timing_trials=20,
-        warmup=2,
-        flush_bytes=0,
-        speedup_recheck=None,
-        timing_budget_s=20.0,
-    )
+def slow_pair(**settings: Any) -> EvaluationResult:
+    """The slow task against its fast candidate (a real speedup of about 4x) on the CPU."""
+    config = EvalConfig(device="cpu", warmup=2, flush_bytes=0, speedup_recheck=None, **settings)
     with Evaluator(config) as evaluator:
-        result = evaluator.evaluate(Task(name="slow", code=C.SLOW_TASK), C.SLOW_TASK_FAST)
+        return evaluator.evaluate(Task(name="slow", code=C.SLOW_TASK), C.SLOW_TASK_FAST)
+
+
+def test_a_real_cpu_speedup_has_an_interval_above_one() -> None:
+    result = slow_pair(correctness_trials=2, timing_trials=20, timing_budget_s=20.0)
     assert result.verdict == Verdict.CORRECT, result.reasons
     assert result.speedup is not None and result.speedup_ci is not None, result.reasons
     low, high = result.speedup_ci
@@ -123,18 +121,7 @@ def test_a_batch_ends_on_time_once_it_has_three_rounds_per_bucket() -> None:
     evaluation times all 60 rounds."""
 
     def timed_rounds(batch_s: float) -> tuple[int, int]:
-        config = EvalConfig(
-            device="cpu",
-            correctness_trials=1,
-            timing_trials=60,
-            timing_retries=0,
-            timing_batch_s=batch_s,
-            warmup=2,
-            flush_bytes=0,
-            speedup_recheck=None,
-        )
-        with Evaluator(config) as evaluator:
-            result = evaluator.evaluate(Task(name="slow", code=C.SLOW_TASK), C.SLOW_TASK_FAST)
+        result = slow_pair(correctness_trials=1, timing_trials=60, timing_retries=0, timing_batch_s=batch_s)
         assert result.verdict == Verdict.CORRECT, result.reasons
         assert result.reference is not None and result.candidate is not None
         return result.reference.trials, result.candidate.trials
@@ -227,17 +214,6 @@ def test_an_evaluator_times_a_tasks_reference_once_per_session() -> None:
 
 def test_an_evaluation_with_the_clock_warm_up_set_times_as_before_on_the_cpu() -> None:
     """The setting travels to both sides' timing (a no-op without a GPU)."""
-    config = EvalConfig(
-        device="cpu",
-        correctness_trials=1,
-        timing_trials=5,
-        warmup=1,
-        flush_bytes=0,
-        max_speedup_cv=None,
-        speedup_recheck=None,
-        clock_warmup_ms=5.0,
-    )
-    with Evaluator(config) as evaluator:
-        result = evaluator.evaluate(Task(name="slow", code=C.SLOW_TASK), C.SLOW_TASK_FAST)
+    result = slow_pair(correctness_trials=1, timing_trials=5, max_speedup_cv=None, clock_warmup_ms=5.0)
     assert result.verdict == Verdict.CORRECT, result.reasons
     assert result.speedup is not None
