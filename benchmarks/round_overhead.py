@@ -9,6 +9,10 @@ this tree and from a worktree of --old, --repeats times each, and reports per ru
 per round and both sides' median call.
 
     python benchmarks/round_overhead.py --old 9d3bb89 --device cpu
+    python benchmarks/round_overhead.py --old 9d3bb89 --old-tree .old --device cuda:0
+
+--old-tree takes an exported copy of that commit instead of a git worktree (on a machine whose
+copy of the repository has no history: `git archive 9d3bb89 | tar -x -C .old`, carried along).
 
 Writes `round_overhead-<date>[-cpu].json` and `.md` into --out.
 """
@@ -63,28 +67,30 @@ def probe(tree: Path, rounds: int, device: str) -> dict[str, Any]:
     return row
 
 
+def git(*arguments: str) -> str:
+    return subprocess.run(["git", *arguments], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--old", required=True, help="the commit to compare with (a git revision)")
+    parser.add_argument("--old-tree", help="an exported copy of --old to use instead of a git worktree")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--rounds", type=int, default=400)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     args = parser.parse_args()
 
-    old_rev = subprocess.run(
-        ["git", "rev-parse", "--short", args.old], cwd=ROOT, capture_output=True, text=True, check=True
-    ).stdout.strip()
-    new_rev = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
-    ).stdout.strip()
-    dirty = bool(
-        subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout
-    )
+    old_rev = args.old
+    new_rev = os.environ.get("KERNELFLEET_COMMIT") or git("rev-parse", "--short", "HEAD")
+    dirty = bool(git("status", "--porcelain")) and "KERNELFLEET_COMMIT" not in os.environ
     runs: dict[str, list[dict[str, Any]]] = {"new": [], "old": []}
     with tempfile.TemporaryDirectory(prefix="kf-round-overhead-") as scratch:
-        old_tree = Path(scratch) / "old"
-        subprocess.run(["git", "worktree", "add", "--detach", str(old_tree), old_rev], cwd=ROOT, check=True)
+        old_tree = Path(args.old_tree).resolve() if args.old_tree else Path(scratch) / "old"
+        if not args.old_tree:
+            subprocess.run(
+                ["git", "worktree", "add", "--detach", str(old_tree), old_rev], cwd=ROOT, check=True
+            )
         try:
             for repeat in range(args.repeats):
                 for name, tree in (("new", ROOT), ("old", old_tree)):
@@ -95,7 +101,8 @@ def main() -> int:
                         file=sys.stderr,
                     )
         finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(old_tree)], cwd=ROOT, check=False)
+            if not args.old_tree:
+                subprocess.run(["git", "worktree", "remove", "--force", str(old_tree)], cwd=ROOT, check=False)
 
     summary = {
         name: {

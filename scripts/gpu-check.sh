@@ -14,6 +14,9 @@
 #   (benchmarks/kernelbench_harness.py) from .kb/src, an ignored folder carried to the machine
 #   (their source is never committed here); make it with
 #   `mkdir -p .kb && git -C <KernelBench checkout> archive HEAD src/kernelbench LICENSE | tar -x -C .kb`.
+#   --rounds: only benchmarks/round_overhead.py on the GPU: seconds per timed round, this tree
+#   against the older commit exported in .old/ (ROUND_OLD names it, default 9d3bb89; make it with
+#   `mkdir -p .old && git archive <rev> | tar -x -C .old`, carried along).
 #   --rl: only the RL step benchmark (benchmarks/train_rl_step.py: a few GRPO steps of a locally
 #   built ~190M model, rewards from the evaluator on GPU 1 when there are two; RL_STEPS, 3).
 #   --attacks: only the attack suite (issue 9): tests/gpu/test_gpu_attacks.py and the table of
@@ -30,6 +33,7 @@ QUICK=0; [[ "${1:-}" == "--quick" ]] && QUICK=1
 REWARD=0; [[ "${1:-}" == "--reward" ]] && REWARD=1
 RL=0; [[ "${1:-}" == "--rl" ]] && RL=1
 ATTACKS=0; [[ "${1:-}" == "--attacks" ]] && ATTACKS=1
+ROUNDS=0; [[ "${1:-}" == "--rounds" ]] && ROUNDS=1
 KERNELS=${KERNELFLEET_CUDA_L1_KERNELS:-.data/cuda-l1-h100-kernels.jsonl}
 
 if compgen -G ".whl/*.whl" >/dev/null; then
@@ -95,7 +99,10 @@ REWARD_ARGS=(--out "$RESULTS" --kernels "$KERNELS" --max-seconds "${REWARD_SECON
 # More benchmark flags, word-split: e.g. REWARD_EXTRA="--variant-tasks 6 --repeat-tasks 24".
 # shellcheck disable=SC2206
 [[ -n "${REWARD_EXTRA:-}" ]] && REWARD_ARGS+=($REWARD_EXTRA)
-if [[ $ATTACKS == 1 ]]; then
+if [[ $ROUNDS == 1 ]]; then
+  step round-overhead python3 benchmarks/round_overhead.py --old "${ROUND_OLD:-9d3bb89}" --old-tree .old \
+    --device cuda:0 --out "$RESULTS"
+elif [[ $ATTACKS == 1 ]]; then
   step gpu-attack-tests python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_gpu_attacks.py
   step attack-table python3 benchmarks/attacks.py --levels "${ATTACK_LEVELS:-auto}" --device cuda --out "$RESULTS"
 elif [[ $RL == 1 ]]; then
