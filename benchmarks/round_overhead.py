@@ -52,7 +52,11 @@ print(json.dumps({"rounds": result.candidate.trials, "timing_s": result.stages["
 
 def probe(tree: Path, rounds: int, device: str) -> dict[str, Any]:
     paths = [str(tree / part) for part in ("core", "evaluator", "search")] + [str(tree)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+    # Keep what else is on the path (carried packages), never the other tree's folders.
+    inherited = [
+        p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and not p.startswith(str(ROOT))
+    ]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths + inherited)}
     out = subprocess.run(
         [sys.executable, "-c", _PROBE, str(rounds), device],
         cwd=tree,
