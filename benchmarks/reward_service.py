@@ -243,15 +243,12 @@ class LaneSampler:
         }
 
 
-def quantiles(values: list[int]) -> dict[str, float] | None:
+def quantiles(values: list[int]) -> dict[str, float | None] | None:
+    """Median, 90th percentile (nearest rank, as `quantile`) and largest of `values`."""
     if not values:
         return None
-    ordered = sorted(values)
-    return {
-        "median": float(statistics.median(ordered)),
-        "p90": float(ordered[int(0.9 * (len(ordered) - 1))]),
-        "max": float(ordered[-1]),
-    }
+    ordered = sorted(float(value) for value in values)
+    return {"median": statistics.median(ordered), "p90": quantile(ordered, 0.9), "max": ordered[-1]}
 
 
 def stage_table(results: list[EvaluationResult]) -> dict[str, dict[str, float]]:

@@ -338,8 +338,9 @@ class Evaluator:
         return self._level
 
     def _sandbox(self) -> Sandbox:
-        return sandbox_for(self.isolation, str(self.config.build_root), self._sandbox_tmp_bytes())
+        return sandbox_for(self.isolation, str(self.config.build_root), self._sandbox_tmp_bytes)
 
+    @functools.cached_property
     def _sandbox_tmp_bytes(self) -> int:
         """The size of the sandbox's /tmp, which every process it runs at once shares:
         `scratch_bytes` for each evaluation the devices run at once and for each build. (With

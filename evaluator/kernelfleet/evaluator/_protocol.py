@@ -661,27 +661,17 @@ class Evaluation:
     def _time_pair(self) -> dict[str, Any]:
         config = self.config
         self._forward_settings()
-        flush_bytes = config.resolved_flush_bytes(config.device != "cpu")
-        bank = self.ask_judge(
-            {
-                "op": "bank",
-                "seeds": [self.rng.getrandbits(31) for _ in range(3)],
-                "prefix": "bank",
-                "flush_bytes": flush_bytes,
-                "warm_ms": config.clock_warmup_ms,
-            }
-        )
+        # Both sides time with the same flush and warm-up.
+        timing = {
+            "op": "bank",
+            "prefix": "bank",
+            "flush_bytes": config.resolved_flush_bytes(config.device != "cpu"),
+            "warm_ms": config.clock_warmup_ms,
+        }
+        bank = self.ask_judge({**timing, "seeds": [self.rng.getrandbits(31) for _ in range(3)]})
         count = int(bank["count"])
         numels = [int(n) for n in bank.get("numels", [])]
-        self.ask(
-            {
-                "op": "bank",
-                "count": count,
-                "prefix": "bank",
-                "flush_bytes": flush_bytes,
-                "warm_ms": config.clock_warmup_ms,
-            }
-        )
+        self.ask({**timing, "count": count})
         total = TimingRun({"reference": [], "candidate": []}, {"reference": [], "candidate": []})
         outside: dict[str, list[float]] = {"reference": [], "candidate": []}
         inside: dict[str, list[float]] = {"reference": [], "candidate": []}

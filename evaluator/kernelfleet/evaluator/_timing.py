@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from kernelfleet.evaluator._guards import CudaEvent, cuda_synchronize, manual_seed, perf_counter
+from kernelfleet.evaluator._guards import CudaEvent, cuda_sleep, cuda_synchronize, manual_seed, perf_counter
 from kernelfleet.evaluator._outputs import leaves
 
 
@@ -89,7 +89,7 @@ class _Clock:
     def ready(self) -> None:
         """Before a timed call: the warm-up spin (when set), then the device idle."""
         if self.warm_cycles:
-            torch.cuda._sleep(self.warm_cycles)
+            cuda_sleep(self.warm_cycles)
         self.sync()
 
     def measure(self, call: Callable[[], Any]) -> tuple[float, float | None, Any]:
