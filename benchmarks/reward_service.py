@@ -27,7 +27,9 @@ pass --kernels or set $KERNELFLEET_CUDA_L1_KERNELS). Three parts, each saved as 
   seconds per candidate, lane busy share; and how far the two modes' speedups for the same
   candidate differ (|s_reuse / s_paired - 1|, p50 and p90, over candidates of 50 us and more).
 - repeat: each candidate evaluated twice in fresh processes; the disagreement of the two
-  speedups |s1/s2 - 1| at the 50th and 90th percentile, over candidates of 50 us and more.
+  speedups |s1/s2 - 1| at the 50th and 90th percentile, over candidates of 50 us and more. A
+  speedup here is the ratio of the two medians of a correct candidate, reported or not (one as
+  fast as its reference is reported as no speedup, but it is timed all the same).
   Reference reuse is off here: each timing stands on its own paired measurement. Each row says
   why a side has no speedup. --repeat-config lane_slots=1,compile_workers=1 takes the
   neighbours away: the machine's own repeatability, beside the pipeline's.
@@ -42,7 +44,7 @@ levels 1, 2 and 3 (a level missing from the choice is reported). The repeat part
     python benchmarks/reward_service.py --kernels ... --device cpu --count 3 --repeat-tasks 2 \\
         --modes one-at-a-time,pipeline --trials 5                                   # smoke
 
-Writes `reward_service-<date>.json` and `.md` into --out.
+Writes `reward_service-<date>[-<tag>].json` and `.md` into --out.
 """
 
 from __future__ import annotations
@@ -632,14 +634,20 @@ def part_repeat(
     for index, (_, _, name) in enumerate(chosen):
         first, second = results[2 * index], results[2 * index + 1]
         row: dict[str, Any] = {"task": name}
-        if first is not None and second is not None and first.speedup and second.speedup:
-            assert first.candidate is not None
+        ratios = [median_ratio(r) for r in (first, second)]
+        if ratios[0] and ratios[1] and first is not None and first.candidate is not None:
+            # The ratio of the two medians, whether or not the evaluator reported it as a
+            # speedup: a candidate as fast as its reference is timed all the same, and how
+            # well two processes agree on it is the figure wanted.
             row.update(
-                first=round(first.speedup, 4),
-                second=round(second.speedup, 4),
+                first=round(ratios[0], 4),
+                second=round(ratios[1], 4),
+                reported=[r.speedup is not None for r in (first, second) if r is not None],
                 first_ci=first.speedup_ci,
                 candidate_ms=round(first.candidate.median_ms, 4),
-                disagreement=round(abs(first.speedup / second.speedup - 1), 4),
+                reference_iqr=[iqr_share(r.reference) for r in (first, second) if r is not None],
+                candidate_iqr=[iqr_share(r.candidate) for r in (first, second) if r is not None],
+                disagreement=round(abs(ratios[0] / ratios[1] - 1), 4),
             )
         else:
             row["verdicts"] = [str(r.verdict) if r else "not evaluated" for r in (first, second)]
@@ -664,6 +672,17 @@ def part_repeat(
         "p90_disagreement_all": quantile(every, 0.9),
         "rows": rows,
     }
+
+
+def median_ratio(result: EvaluationResult | None) -> float | None:
+    """Reference median over candidate median for a correct candidate timed on both sides."""
+    if result is None or result.verdict != "correct" or not result.reference or not result.candidate:
+        return None
+    return result.reference.median_ms / result.candidate.median_ms if result.candidate.median_ms else None
+
+
+def iqr_share(timing: Any) -> float | None:
+    return round(timing.iqr_ms / timing.median_ms, 4) if timing and timing.median_ms else None
 
 
 def environment(device: str) -> dict[str, Any]:
@@ -855,7 +874,19 @@ def markdown(report: dict[str, Any]) -> str:
             f"timed: p90 {r['p90_disagreement_all']}); nvidia-smi mean "
             f"{cell(r.get('nvidia_smi_mean_utilization_pct'))}%{clock_note(r.get('nvidia_smi_sm_clock_mhz'))}.",
             "",
+            "| task | first | second | disagreement | candidate ms | reference IQR/median "
+            "| candidate IQR/median |",
+            "|---|---|---|---|---|---|---|",
         ]
+        for row in r["rows"]:
+            if "disagreement" in row:
+                sides = ("reference_iqr", "candidate_iqr")
+                iqrs = [" / ".join(cell(v) for v in row.get(side, [])) for side in sides]
+                lines.append(
+                    f"| {row['task']} | {row['first']} | {row['second']} | {row['disagreement']} "
+                    f"| {row['candidate_ms']} | {iqrs[0]} | {iqrs[1]} |"
+                )
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -901,6 +932,7 @@ def main() -> int:
         "--max-seconds", type=float, default=540.0, help="the whole run; parts and modes share it"
     )
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    parser.add_argument("--tag", default="", help="added to the file names: several runs of one day")
     args = parser.parse_args()
     if not args.kernels or not Path(args.kernels).is_file():
         parser.error("give --kernels FILE (or $KERNELFLEET_CUDA_L1_KERNELS): the published-kernel JSONL")
@@ -909,6 +941,7 @@ def main() -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d")
     suffix = "" if args.device.startswith("cuda") else f"-{args.device}"
+    suffix += f"-{args.tag}" if args.tag else ""
     json_path = out_dir / f"reward_service-{stamp}{suffix}.json"
     md_path = out_dir / f"reward_service-{stamp}{suffix}.md"
     # No machine paths in the report.

@@ -17,6 +17,7 @@
 #   --rounds: only benchmarks/round_overhead.py on the GPU: seconds per timed round, this tree
 #   against the older commit exported in .old/ (ROUND_OLD names it, default 9d3bb89; make it with
 #   `mkdir -p .old && git archive <rev> | tar -x -C .old`, carried along).
+#   --idle: only benchmarks/idle_clock.py: does a GPU idle between timed calls time them slower?
 #   --rl: only the RL step benchmark (benchmarks/train_rl_step.py: a few GRPO steps of a locally
 #   built ~190M model, rewards from the evaluator on GPU 1 when there are two; RL_STEPS, 3).
 #   --attacks: only the attack suite (issue 9): tests/gpu/test_gpu_attacks.py and the table of
@@ -34,6 +35,7 @@ REWARD=0; [[ "${1:-}" == "--reward" ]] && REWARD=1
 RL=0; [[ "${1:-}" == "--rl" ]] && RL=1
 ATTACKS=0; [[ "${1:-}" == "--attacks" ]] && ATTACKS=1
 ROUNDS=0; [[ "${1:-}" == "--rounds" ]] && ROUNDS=1
+IDLE=0; [[ "${1:-}" == "--idle" ]] && IDLE=1
 KERNELS=${KERNELFLEET_CUDA_L1_KERNELS:-.data/cuda-l1-h100-kernels.jsonl}
 
 if compgen -G ".whl/*.whl" >/dev/null; then
@@ -51,8 +53,11 @@ export PYTHONUNBUFFERED=1
 
 STAMP=$(date -u +%Y-%m-%d)
 RESULTS=benchmarks/results; mkdir -p "$RESULTS"
-LOG="$RESULTS/gpu-check-$STAMP.log"
-ENVFILE="$RESULTS/gpu-env-$STAMP.json"
+# GPU_CHECK_TAG names this call's files apart from another's of the same day (several checks
+# in one device call): gpu-check-<date>-<tag>.log, reward_service-<date>-<tag>.json, ...
+TAG=${GPU_CHECK_TAG:+-$GPU_CHECK_TAG}
+LOG="$RESULTS/gpu-check-$STAMP$TAG.log"
+ENVFILE="$RESULTS/gpu-env-$STAMP$TAG.json"
 : > "$LOG"
 
 copy_out() {  # on every exit, a killed or timed-out run too: the benchmarks save as they go
@@ -96,12 +101,15 @@ REWARD_ARGS=(--out "$RESULTS" --kernels "$KERNELS" --max-seconds "${REWARD_SECON
 [[ -n "${REWARD_COUNT:-}" ]] && REWARD_ARGS+=(--count "$REWARD_COUNT")
 [[ -n "${REWARD_PARTS:-}" ]] && REWARD_ARGS+=(--parts "$REWARD_PARTS")
 [[ -n "${REWARD_MODE_SECONDS:-}" ]] && REWARD_ARGS+=(--mode-seconds "$REWARD_MODE_SECONDS")
+[[ -n "${GPU_CHECK_TAG:-}" ]] && REWARD_ARGS+=(--tag "$GPU_CHECK_TAG")
 # More benchmark flags, word-split: e.g. REWARD_EXTRA="--variant-tasks 6 --repeat-tasks 24".
 # shellcheck disable=SC2206
 [[ -n "${REWARD_EXTRA:-}" ]] && REWARD_ARGS+=($REWARD_EXTRA)
 if [[ $ROUNDS == 1 ]]; then
   step round-overhead python3 benchmarks/round_overhead.py --old "${ROUND_OLD:-9d3bb89}" --old-tree .old \
     --device cuda:0 --out "$RESULTS"
+elif [[ $IDLE == 1 ]]; then
+  step idle-clock python3 benchmarks/idle_clock.py --device cuda:0 --out "$RESULTS" --commit "${KERNELFLEET_COMMIT:-unknown}"
 elif [[ $ATTACKS == 1 ]]; then
   step gpu-attack-tests python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_gpu_attacks.py
   step attack-table python3 benchmarks/attacks.py --levels "${ATTACK_LEVELS:-auto}" --device cuda --out "$RESULTS"
