@@ -1,14 +1,16 @@
-"""Does a GPU left idle between timed calls time them slower? (issue 11, repeatability)
+"""Does a timed call start late after the timing thread waited? (issue 11, repeatability)
 
 In the evaluation pipeline a timed round is a few milliseconds of process-to-process messages
 with the GPU idle, then a cache flush, a synchronisation and one timed call. Small kernels
 (50-500 us) spread by 25-50% there while the same kernels time steadily in a tight loop. This
-probe imitates the round without any of the pipeline: for each idle gap and kernel size it
-sleeps the gap on the CPU, flushes the last-level cache, synchronises and times one call with
-CUDA events, with and without a spin of the GPU (`torch.cuda._sleep`) just before the flush, and
-reports the median and IQR/median of each cell, with the SM clock that NVML reads after the gap.
+probe imitates the round without any of the pipeline: for each gap and kernel size it waits the
+gap, flushes the last-level cache, synchronises and times one call with CUDA events, and reports
+the median and IQR/median of each cell, with the SM clock that NVML reads after the gap. The
+thread waits in one of three ways: asleep on the CPU (`sleep`); asleep, then a 1 ms spin of the
+GPU (`gpu-spin`, `torch.cuda._sleep`: does a GPU clocked down while idle explain it?); or
+polling the CPU clock the whole gap (`poll`: does the waiting thread's own sleep explain it?).
 
-    python benchmarks/idle_clock.py --device cuda:0
+    python benchmarks/idle_clock.py --device cuda:0 [--waits sleep,poll,gpu-spin]
 
 Writes `idle_clock-<date>.json` and `.md` into --out.
 """
@@ -27,7 +29,6 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 GAPS_MS = (0.0, 0.5, 2.0, 10.0, 50.0)
-SIZES = (1024, 2048, 4096, 8192)  # fp32 matmuls of about 15 us to 6 ms on an H200
 FLUSH_BYTES = 256 * 1024**2
 SPIN_CYCLES = 2_000_000  # about 1 ms at 2 GHz
 
@@ -43,7 +44,16 @@ def sm_clock() -> Any:
         return lambda: None
 
 
-def cell(n: int, gap_ms: float, spin: bool, reps: int, clock: Any) -> dict[str, Any]:
+def wait(gap_ms: float, how: str) -> None:
+    if how == "poll":
+        until = time.perf_counter() + gap_ms / 1e3
+        while time.perf_counter() < until:
+            pass
+    else:
+        time.sleep(gap_ms / 1e3)
+
+
+def cell(n: int, gap_ms: float, how: str, reps: int, clock: Any) -> dict[str, Any]:
     a = torch.randn(n, n, device="cuda")
     b = torch.randn(n, n, device="cuda")
     flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
@@ -53,9 +63,9 @@ def cell(n: int, gap_ms: float, spin: bool, reps: int, clock: Any) -> dict[str, 
         torch.mm(a, b)
     torch.cuda.synchronize()
     for _ in range(reps):
-        time.sleep(gap_ms / 1e3)
+        wait(gap_ms, how)
         clocks.append(clock())
-        if spin:
+        if how == "gpu-spin":
             torch.cuda._sleep(SPIN_CYCLES)
         flush.zero_()
         torch.cuda.synchronize()
@@ -71,7 +81,7 @@ def cell(n: int, gap_ms: float, spin: bool, reps: int, clock: Any) -> dict[str, 
     return {
         "n": n,
         "gap_ms": gap_ms,
-        "spin": spin,
+        "wait": how,
         "median_ms": round(median, 4),
         "min_ms": round(min(times), 4),
         "iqr_over_median": round((q[2] - q[0]) / median, 4),
@@ -85,14 +95,14 @@ def markdown(report: dict[str, Any]) -> str:
         f"# Idle GPU and timed calls, {report['date']}",
         "",
         f"{env['gpu']}, torch {env['torch']}, commit `{env['commit']}`, {report['reps']} calls per cell. "
-        "Each call: CPU sleep of the gap, (spin), cache flush, synchronise, one timed fp32 matmul.",
+        "Each call: the wait, cache flush, synchronise, one timed fp32 matmul.",
         "",
-        "| n | gap ms | spin | median ms | min ms | IQR / median | SM MHz after gap |",
+        "| n | gap ms | wait | median ms | min ms | IQR / median | SM MHz after gap |",
         "|---|---|---|---|---|---|---|",
     ]
     for c in report["cells"]:
         lines.append(
-            f"| {c['n']} | {c['gap_ms']} | {'yes' if c['spin'] else 'no'} | {c['median_ms']} | {c['min_ms']} "
+            f"| {c['n']} | {c['gap_ms']} | {c['wait']} | {c['median_ms']} | {c['min_ms']} "
             f"| {c['iqr_over_median']:.1%} | {c['sm_clock_mhz_median']} |"
         )
     return "\n".join(lines)
@@ -104,12 +114,16 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=40)
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     parser.add_argument("--commit", default="unknown")
+    parser.add_argument("--waits", default="sleep,poll", help="of sleep, poll, gpu-spin")
+    parser.add_argument("--sizes", default="1024,2048,4096", help="matmul sizes (n x n, fp32)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         parser.error("needs a CUDA GPU")
     torch.cuda.set_device(torch.device(args.device))
     clock = sm_clock()
-    cells = [cell(n, gap, spin, args.reps, clock) for n in SIZES for gap in GAPS_MS for spin in (False, True)]
+    sizes = [int(n) for n in args.sizes.split(",")]
+    waits = args.waits.split(",")
+    cells = [cell(n, gap, how, args.reps, clock) for n in sizes for gap in GAPS_MS for how in waits]
     stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d")
     report = {
         "date": stamp,

@@ -900,6 +900,7 @@ def config_overrides(text: str) -> dict[str, str]:
 
 
 def main() -> int:
+    started = time.monotonic()  # --max-seconds counts the probe of the device and the loading too
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--kernels", default=os.environ.get("KERNELFLEET_CUDA_L1_KERNELS"), help="published-kernel JSONL"
@@ -962,7 +963,6 @@ def main() -> int:
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     workload = load_workload(Path(args.kernels), args.tasks)
     print(f"{len(workload)} published kernels matched to {args.tasks} tasks", file=sys.stderr)
-    started = time.monotonic()
     weights = {"throughput": 0.5, "variants": 0.25, "repeat": 0.35}
     shares = {part: weights.get(part, 0.3) / sum(weights.get(p, 0.3) for p in parts) for part in parts}
     for part in parts:
