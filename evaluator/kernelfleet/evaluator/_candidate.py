@@ -93,6 +93,7 @@ class CandidateSession:
         self.kept: Any = None
         self.flush: torch.Tensor | None = None
         self.clock: _Clock | None = None
+        self.spin_s = 0.0  # set by the timing bank: see EvalConfig.timing_spin_ms
         self.stages: dict[str, float] = {}
 
     # -- plumbing
@@ -313,7 +314,8 @@ class CandidateSession:
         self.flush = (
             torch.empty(flush_bytes, dtype=torch.uint8, device=self.device) if flush_bytes > 0 else None
         )
-        self.clock = _Clock(self.device, float(request.get("warm_ms", 0.0)))
+        self.clock = _Clock(self.device)
+        self.spin_s = float(request.get("spin_ms", 0.0)) / 1e3
         return {}
 
     def round(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -328,7 +330,7 @@ class CandidateSession:
         if self.flush is not None:
             self.flush.zero_()
         G.manual_seed(int(request["seed"]))
-        self.clock.ready()
+        self.clock.sync()
         buffers = self.buffers
         model = self.cand_model
         elapsed, naive, out = self.clock.measure(lambda: model(*buffers))
@@ -410,7 +412,7 @@ def serve(channel: Channel, scratch: Path) -> None:
     session: CandidateSession | None = None
     while True:
         try:
-            request = channel.receive()
+            request = channel.receive(spin_s=session.spin_s if session is not None else 0.0)
         except (ChannelClosed, OSError):
             return
         op = request.get("op")

@@ -165,13 +165,14 @@ class EvalConfig(EvaluationSettings):
         "even short of timing_trials: a slow kernel is checked for a settled speedup every few seconds "
         "rather than after 100 calls of each side.",
     )
-    clock_warmup_ms: float = Field(
-        default=0.0,
+    timing_spin_ms: float = Field(
+        default=50.0,
         ge=0,
-        le=100,
-        description="CUDA only: spin the GPU about this long before each timed call of either side (untimed, "
-        "then synchronised), so that a GPU idle between rounds has raised its clock when the call starts. "
-        "0: off. An experiment: its effect on repeatability is not measured yet.",
+        le=1000,
+        description="While timing, each side polls for its next round for up to this long instead of "
+        "sleeping on it. A thread woken from sleep launches its call late (on an H200 host a 0.1 ms matmul "
+        "timed 0.19 ms after a 10 ms sleep), so small kernels timed slow and spread. Costs one CPU core "
+        "per timing GPU while timing; 0: sleep.",
     )
     exclusive_timing: bool = Field(
         default=True,

@@ -33,7 +33,6 @@ import torch.nn.functional
 # The harness's own references, taken before any candidate code runs.
 perf_counter = time.perf_counter
 cuda_synchronize = torch.cuda.synchronize
-cuda_sleep = torch.cuda._sleep
 CudaEvent = torch.cuda.Event
 allclose = torch.allclose
 tensor_equal = torch.equal

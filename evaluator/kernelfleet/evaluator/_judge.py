@@ -61,6 +61,7 @@ class JudgeSession:
         self.kept: Any = None
         self.flush: torch.Tensor | None = None
         self.clock: _Clock | None = None
+        self.spin_s = 0.0  # set by the timing bank: see EvalConfig.timing_spin_ms
         self.output_limit = 0
 
     def path(self, name: str) -> str:
@@ -172,7 +173,8 @@ class JudgeSession:
         self.buffers = clone_tree(sets[0])
         flush_bytes = int(request["flush_bytes"])
         self.flush = torch.empty(flush_bytes, dtype=torch.uint8, device=s.device) if flush_bytes > 0 else None
-        self.clock = _Clock(s.device, float(request.get("warm_ms", 0.0)))
+        self.clock = _Clock(s.device)
+        self.spin_s = float(request.get("spin_ms", 0.0)) / 1e3
         return {"count": count, "numels": self.bank.numels}
 
     def round(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -182,7 +184,7 @@ class JudgeSession:
         if self.flush is not None:
             self.flush.zero_()
         G.manual_seed(int(request["seed"]))
-        self.clock.ready()
+        self.clock.sync()
         buffers, model = self.buffers, self.session.ref_model
         elapsed, naive, out = self.clock.measure(lambda: model(*buffers))
         check_materialised(out, self.session.device)  # the candidate's side does it too: same cost
@@ -203,7 +205,7 @@ def serve(channel: Channel, scratch: Path) -> None:
     judge: JudgeSession | None = None
     while True:
         try:
-            request = channel.receive()
+            request = channel.receive(spin_s=judge.spin_s if judge is not None else 0.0)
         except (ChannelClosed, OSError):
             return
         op = request.get("op")

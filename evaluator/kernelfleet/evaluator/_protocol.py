@@ -661,12 +661,12 @@ class Evaluation:
     def _time_pair(self) -> dict[str, Any]:
         config = self.config
         self._forward_settings()
-        # Both sides time with the same flush and warm-up.
+        # Both sides time with the same flush and wait for their rounds the same way.
         timing = {
             "op": "bank",
             "prefix": "bank",
             "flush_bytes": config.resolved_flush_bytes(config.device != "cpu"),
-            "warm_ms": config.clock_warmup_ms,
+            "spin_ms": config.timing_spin_ms,
         }
         bank = self.ask_judge({**timing, "seeds": [self.rng.getrandbits(31) for _ in range(3)]})
         count = int(bank["count"])

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from kernelfleet.evaluator._guards import CudaEvent, cuda_sleep, cuda_synchronize, manual_seed, perf_counter
+from kernelfleet.evaluator._guards import CudaEvent, cuda_synchronize, manual_seed, perf_counter
 from kernelfleet.evaluator._outputs import leaves
 
 
@@ -65,18 +65,13 @@ class InputBank:
                     flat[move[0] : move[0] + 1].copy_(flat[move[1] : move[1] + 1])
 
 
-CYCLES_PER_MS = 2_000_000  # a spin of this many GPU cycles lasts about 1 ms at a 2 GHz clock
-
-
 class _Clock:
     """Times one call: CUDA events with a device-wide synchronisation at the end, or the CPU's
-    clock. `warm_ms` > 0 (CUDA only) spins the GPU that long before each timed call, so that a
-    GPU idle between rounds has raised its clock by the time the call starts."""
+    clock."""
 
-    def __init__(self, device: torch.device, warm_ms: float = 0.0) -> None:
+    def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
         self.device = device
-        self.warm_cycles = int(warm_ms * CYCLES_PER_MS) if self.cuda else 0
         if self.cuda:
             self.start = CudaEvent(enable_timing=True)
             self.naive_end = CudaEvent(enable_timing=True)
@@ -85,12 +80,6 @@ class _Clock:
     def sync(self) -> None:
         if self.cuda:
             cuda_synchronize(self.device)
-
-    def ready(self) -> None:
-        """Before a timed call: the warm-up spin (when set), then the device idle."""
-        if self.warm_cycles:
-            cuda_sleep(self.warm_cycles)
-        self.sync()
 
     def measure(self, call: Callable[[], Any]) -> tuple[float, float | None, Any]:
         if self.cuda:

@@ -212,8 +212,9 @@ def test_an_evaluator_times_a_tasks_reference_once_per_session() -> None:
     assert all(R.REFERENCE_REUSED not in R.codes(r.reasons) for r in fresh)
 
 
-def test_an_evaluation_with_the_clock_warm_up_set_times_as_before_on_the_cpu() -> None:
-    """The setting travels to both sides' timing (a no-op without a GPU)."""
-    result = slow_pair(correctness_trials=1, timing_trials=5, max_speedup_cv=None, clock_warmup_ms=5.0)
+def test_sides_that_sleep_between_rounds_time_as_those_that_poll() -> None:
+    """timing_spin_ms=0: both sides sleep on their next round instead of polling for it; the
+    verdict and the speedup stand."""
+    result = slow_pair(correctness_trials=1, timing_trials=5, max_speedup_cv=None, timing_spin_ms=0.0)
     assert result.verdict == Verdict.CORRECT, result.reasons
     assert result.speedup is not None

@@ -14,7 +14,6 @@ from kernelfleet.evaluator._timing import (
     InputBank,
     Subject,
     TimingRun,
-    _Clock,
     bucket_speedups,
     coefficient_of_variation,
     escaped_work_ms,
@@ -81,12 +80,6 @@ def test_escaped_work_compares_with_the_reference() -> None:
     )
     assert escaped_work_ms(run, "candidate", "reference") == pytest.approx(0.89)
     assert escaped_work_ms(TimingRun({"a": [1.0]}, {"a": []}), "a", "a") == 0.0
-
-
-def test_the_clock_warm_up_is_cuda_only() -> None:
-    """On the CPU there is no GPU clock to raise: the warm-up is off whatever it is set to."""
-    assert _Clock(torch.device("cpu"), warm_ms=5.0).warm_cycles == 0
-    assert _Clock(torch.device("cpu")).warm_cycles == 0
 
 
 def test_seeding_resets_the_generator_without_formatting_stacks(monkeypatch: pytest.MonkeyPatch) -> None:
