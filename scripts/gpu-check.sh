@@ -17,7 +17,9 @@
 #   --rounds: only benchmarks/round_overhead.py on the GPU: seconds per timed round, this tree
 #   against the older commit exported in .old/ (ROUND_OLD names it, default 9d3bb89; make it with
 #   `mkdir -p .old && git archive <rev> | tar -x -C .old`, carried along).
-#   --idle: only benchmarks/idle_clock.py: does a GPU idle between timed calls time them slower?
+#   --idle: only the two timing probes: benchmarks/idle_clock.py (does a call start late after the
+#   timing thread waited? IDLE_SKIP_CLOCK=1 skips it) and benchmarks/process_spread.py (do fresh
+#   processes time one call differently, and does pinning them to one CPU help?).
 #   --rl: only the RL step benchmark (benchmarks/train_rl_step.py: a few GRPO steps of a locally
 #   built ~190M model, rewards from the evaluator on GPU 1 when there are two; RL_STEPS, 3).
 #   --attacks: only the attack suite (issue 9): tests/gpu/test_gpu_attacks.py and the table of
@@ -109,7 +111,9 @@ if [[ $ROUNDS == 1 ]]; then
   step round-overhead python3 benchmarks/round_overhead.py --old "${ROUND_OLD:-9d3bb89}" --old-tree .old \
     --device cuda:0 --out "$RESULTS"
 elif [[ $IDLE == 1 ]]; then
-  step idle-clock python3 benchmarks/idle_clock.py --device cuda:0 --out "$RESULTS" --commit "${KERNELFLEET_COMMIT:-unknown}"
+  [[ -z "${IDLE_SKIP_CLOCK:-}" ]] && step idle-clock python3 benchmarks/idle_clock.py --device cuda:0 --out "$RESULTS" \
+    --commit "${KERNELFLEET_COMMIT:-unknown}"
+  step process-spread python3 benchmarks/process_spread.py --out "$RESULTS" --commit "${KERNELFLEET_COMMIT:-unknown}"
 elif [[ $ATTACKS == 1 ]]; then
   step gpu-attack-tests python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_gpu_attacks.py
   step attack-table python3 benchmarks/attacks.py --levels "${ATTACK_LEVELS:-auto}" --device cuda --out "$RESULTS"

@@ -50,7 +50,7 @@ from kernelfleet.evaluator._outputs import (
     poison_free_memory,
     to_device,
 )
-from kernelfleet.evaluator._timing import InputBank, _Clock
+from kernelfleet.evaluator._timing import InputBank, _Clock, pin_timing_thread
 from kernelfleet.evaluator._wire import Channel, ChannelClosed, read_tree, write_tree
 
 for _name in (
@@ -316,6 +316,7 @@ class CandidateSession:
         )
         self.clock = _Clock(self.device)
         self.spin_s = float(request.get("spin_ms", 0.0)) / 1e3
+        pin_timing_thread(request.get("cpu"))
         return {}
 
     def round(self, request: dict[str, Any]) -> dict[str, Any]:

@@ -174,6 +174,13 @@ class EvalConfig(EvaluationSettings):
         "timed 0.19 ms after a 10 ms sleep), so small kernels timed slow and spread. Costs one CPU core "
         "per timing GPU while timing; 0: sleep.",
     )
+    pin_timing: bool = Field(
+        default=False,
+        description="While timing, both sides' timing threads run on one CPU kept for the device (the "
+        "last CPU of the evaluator's own for the first GPU, the one before it for the second, ...), and "
+        "sleep rather than poll while the other side runs (timing_spin_ms does not apply). An experiment: "
+        "on the H200 a candidate's speedup moved between fresh process pairs by more than its interval.",
+    )
     exclusive_timing: bool = Field(
         default=True,
         description="While a candidate times a batch of rounds, the other candidates' GPU steps on that "

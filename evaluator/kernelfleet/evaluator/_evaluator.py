@@ -105,6 +105,14 @@ class _Lane:
         """The device's name across processes of this machine (its machine-wide lock)."""
         return "cpu" if self.visible is None else f"cuda-{self.visible}"
 
+    @property
+    def timing_cpu(self) -> int:
+        """The CPU this device's timings run on under EvalConfig.pin_timing: counting down from
+        the last CPU this process may use, one per device, so that every evaluator process of
+        the machine picks the same one for the same device."""
+        cpus = sorted(os.sched_getaffinity(0))
+        return cpus[-1 - self.index % len(cpus)]
+
 
 @dataclasses.dataclass(eq=False)
 class _Item:
@@ -588,6 +596,7 @@ class Evaluator:
                 reference_bank=self._reference_bank(item, lane) if reuse and config.reference_reuse else None,
                 keep_reference=self._keep_reference(item, lane) if config.reference_reuse else None,
                 gpu_gate=lane.gate if config.exclusive_timing else None,
+                timing_cpu=lane.timing_cpu if config.pin_timing else None,
             )
             outcome = evaluation.run()
         finally:

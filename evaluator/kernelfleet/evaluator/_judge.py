@@ -30,7 +30,7 @@ from kernelfleet.evaluator._outputs import (
     identical,
     leaves,
 )
-from kernelfleet.evaluator._timing import InputBank, _Clock
+from kernelfleet.evaluator._timing import InputBank, _Clock, pin_timing_thread
 from kernelfleet.evaluator._wire import Channel, ChannelClosed, MalformedTensors, read_tree, write_tree
 
 _SLACK = 1 << 20
@@ -175,6 +175,7 @@ class JudgeSession:
         self.flush = torch.empty(flush_bytes, dtype=torch.uint8, device=s.device) if flush_bytes > 0 else None
         self.clock = _Clock(s.device)
         self.spin_s = float(request.get("spin_ms", 0.0)) / 1e3
+        pin_timing_thread(request.get("cpu"))
         return {"count": count, "numels": self.bank.numels}
 
     def round(self, request: dict[str, Any]) -> dict[str, Any]:

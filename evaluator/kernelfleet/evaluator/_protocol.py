@@ -126,6 +126,7 @@ class Evaluation:
         reference_bank: Callable[[dict[str, str]], list[float] | None] | None = None,
         keep_reference: Callable[[dict[str, str], list[float]], None] | None = None,
         gpu_gate: GpuGate | None = None,
+        timing_cpu: int | None = None,
     ) -> None:
         self.sandbox = sandbox
         self.sides = sides
@@ -146,6 +147,8 @@ class Evaluation:
         self.keep_reference = keep_reference
         # The device's gate: GPU steps wait while another evaluation times (see _gpugate).
         self.gpu_gate = gpu_gate
+        # Both sides' timing threads run on this CPU (EvalConfig.pin_timing); None: anywhere.
+        self.timing_cpu = timing_cpu
         self.timing_now = False  # this evaluation holds the timing lane: its steps pass
         self.reasons: list[str] = []
         self.settings: dict[str, str] = {}
@@ -661,12 +664,14 @@ class Evaluation:
     def _time_pair(self) -> dict[str, Any]:
         config = self.config
         self._forward_settings()
-        # Both sides time with the same flush and wait for their rounds the same way.
+        # Both sides time with the same flush, on the same CPU when pinned, and wait for their
+        # rounds the same way: pinned sides share one core, so the waiting one must sleep.
         timing = {
             "op": "bank",
             "prefix": "bank",
             "flush_bytes": config.resolved_flush_bytes(config.device != "cpu"),
-            "spin_ms": config.timing_spin_ms,
+            "cpu": self.timing_cpu,
+            "spin_ms": config.timing_spin_ms if self.timing_cpu is None else 0.0,
         }
         bank = self.ask_judge({**timing, "seeds": [self.rng.getrandbits(31) for _ in range(3)]})
         count = int(bank["count"])

@@ -13,7 +13,9 @@ On the CPU the same protocol runs with a wall clock.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
 import random
 import statistics
 from collections.abc import Callable
@@ -63,6 +65,15 @@ class InputBank:
                 if move is not None and buffer.is_contiguous():
                     flat = buffer.view(-1)
                     flat[move[0] : move[0] + 1].copy_(flat[move[1] : move[1] + 1])
+
+
+def pin_timing_thread(cpu: object) -> None:
+    """Run the calling thread (the one that times) on `cpu` alone; None leaves it where it is.
+    A CPU this process may not use leaves it unpinned: the timing holds, only less steady."""
+    if cpu is None:
+        return
+    with contextlib.suppress(OSError, ValueError, TypeError):
+        os.sched_setaffinity(0, {int(cpu)})  # type: ignore[call-overload]
 
 
 class _Clock:

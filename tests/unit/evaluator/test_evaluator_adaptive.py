@@ -212,6 +212,14 @@ def test_an_evaluator_times_a_tasks_reference_once_per_session() -> None:
     assert all(R.REFERENCE_REUSED not in R.codes(r.reasons) for r in fresh)
 
 
+def test_sides_pinned_to_one_cpu_time_as_before() -> None:
+    """pin_timing: both sides' timing threads share one CPU (and sleep while the other runs);
+    the verdict and the speedup stand."""
+    result = slow_pair(correctness_trials=1, timing_trials=5, max_speedup_cv=None, pin_timing=True)
+    assert result.verdict == Verdict.CORRECT, result.reasons
+    assert result.speedup is not None
+
+
 def test_sides_that_sleep_between_rounds_time_as_those_that_poll() -> None:
     """timing_spin_ms=0: both sides sleep on their next round instead of polling for it; the
     verdict and the speedup stand."""

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import random
+import threading
 import traceback
 from typing import Any
 
@@ -17,6 +19,7 @@ from kernelfleet.evaluator._timing import (
     bucket_speedups,
     coefficient_of_variation,
     escaped_work_ms,
+    pin_timing_thread,
     run_timing,
     stats,
 )
@@ -98,3 +101,20 @@ def test_seeding_resets_the_generator_without_formatting_stacks(monkeypatch: pyt
     G.manual_seed(3)
     with pytest.raises(AssertionError, match="stack trace"):
         torch.manual_seed(3)  # what the harness used to call
+
+
+def test_the_timing_thread_is_pinned_alone_and_a_cpu_it_may_not_use_leaves_it_free() -> None:
+    seen: dict[str, set[int]] = {}
+    allowed = sorted(os.sched_getaffinity(0))
+
+    def pinned(name: str, cpu: object) -> None:
+        pin_timing_thread(cpu)
+        seen[name] = os.sched_getaffinity(0)
+
+    for name, cpu in (("last", allowed[-1]), ("none", None), ("absent", 10_000)):
+        thread = threading.Thread(target=pinned, args=(name, cpu))
+        thread.start()
+        thread.join()
+    assert seen["last"] == {allowed[-1]}
+    assert seen["none"] == seen["absent"] == set(allowed)
+    assert os.sched_getaffinity(0) == set(allowed)  # only the calling thread moved
