@@ -93,7 +93,6 @@ class CandidateSession:
         self.kept: Any = None
         self.flush: torch.Tensor | None = None
         self.clock: _Clock | None = None
-        self.spin_s = 0.0  # set by the timing bank: see EvalConfig.timing_spin_ms
         self.stages: dict[str, float] = {}
 
     # -- plumbing
@@ -315,7 +314,6 @@ class CandidateSession:
             torch.empty(flush_bytes, dtype=torch.uint8, device=self.device) if flush_bytes > 0 else None
         )
         self.clock = _Clock(self.device)
-        self.spin_s = float(request.get("spin_ms", 0.0)) / 1e3
         pin_timing_thread(request.get("cpu"))
         return {}
 
@@ -413,7 +411,7 @@ def serve(channel: Channel, scratch: Path) -> None:
     session: CandidateSession | None = None
     while True:
         try:
-            request = channel.receive(spin_s=session.spin_s if session is not None else 0.0)
+            request = channel.receive()
         except (ChannelClosed, OSError):
             return
         op = request.get("op")

@@ -596,7 +596,7 @@ class Evaluator:
                 reference_bank=self._reference_bank(item, lane) if reuse and config.reference_reuse else None,
                 keep_reference=self._keep_reference(item, lane) if config.reference_reuse else None,
                 gpu_gate=lane.gate if config.exclusive_timing else None,
-                timing_cpu=lane.timing_cpu if config.pin_timing else None,
+                timing_cpu=lane.timing_cpu if self._pins_timing(config, lane) else None,
             )
             outcome = evaluation.run()
         finally:
@@ -751,6 +751,12 @@ class Evaluator:
         if self.config.compile_workers is not None:
             return max(1, self.config.compile_workers)
         return max(1, (os.cpu_count() or 2) - 1)
+
+    @staticmethod
+    def _pins_timing(config: EvalConfig, lane: _Lane) -> bool:
+        """On the CPU the timed call's own threads do the work: one CPU holds them only when
+        there is one (pinning the timing thread pins the threads it starts too)."""
+        return config.pin_timing and (lane.visible is not None or config.cpu_threads == 1)
 
     def _lane_slots(self) -> int:
         if self.config.lane_slots is not None:

@@ -61,7 +61,6 @@ class JudgeSession:
         self.kept: Any = None
         self.flush: torch.Tensor | None = None
         self.clock: _Clock | None = None
-        self.spin_s = 0.0  # set by the timing bank: see EvalConfig.timing_spin_ms
         self.output_limit = 0
 
     def path(self, name: str) -> str:
@@ -174,7 +173,6 @@ class JudgeSession:
         flush_bytes = int(request["flush_bytes"])
         self.flush = torch.empty(flush_bytes, dtype=torch.uint8, device=s.device) if flush_bytes > 0 else None
         self.clock = _Clock(s.device)
-        self.spin_s = float(request.get("spin_ms", 0.0)) / 1e3
         pin_timing_thread(request.get("cpu"))
         return {"count": count, "numels": self.bank.numels}
 
@@ -206,7 +204,7 @@ def serve(channel: Channel, scratch: Path) -> None:
     judge: JudgeSession | None = None
     while True:
         try:
-            request = channel.receive(spin_s=judge.spin_s if judge is not None else 0.0)
+            request = channel.receive()
         except (ChannelClosed, OSError):
             return
         op = request.get("op")

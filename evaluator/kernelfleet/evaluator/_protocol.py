@@ -664,14 +664,12 @@ class Evaluation:
     def _time_pair(self) -> dict[str, Any]:
         config = self.config
         self._forward_settings()
-        # Both sides time with the same flush, on the same CPU when pinned, and wait for their
-        # rounds the same way: pinned sides share one core, so the waiting one must sleep.
+        # Both sides time with the same flush and, when pinned, on the same CPU.
         timing = {
             "op": "bank",
             "prefix": "bank",
             "flush_bytes": config.resolved_flush_bytes(config.device != "cpu"),
             "cpu": self.timing_cpu,
-            "spin_ms": config.timing_spin_ms if self.timing_cpu is None else 0.0,
         }
         bank = self.ask_judge({**timing, "seeds": [self.rng.getrandbits(31) for _ in range(3)]})
         count = int(bank["count"])

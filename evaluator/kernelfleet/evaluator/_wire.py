@@ -86,32 +86,10 @@ class Channel:
                 raise ChannelClosed("the other side closed the channel")
             self._buffer += data
 
-    def _spin(self, seconds: float) -> None:
-        """Poll for data for up to `seconds` without sleeping. A thread that sleeps until its
-        request comes wakes on a cold core, and whatever it does next (a timed call) starts
-        late; polling keeps it running. Whatever arrives stays in the buffer for `_fill`."""
-        until = time.perf_counter() + seconds
-        self.sock.settimeout(0.0)  # non-blocking: with a timeout set, recv would wait in poll()
-        while not self._buffer and time.perf_counter() < until:
-            try:
-                data = self.sock.recv(65536)
-            except BlockingIOError:
-                continue
-            except ConnectionResetError:
-                return  # `_fill` reports the closed channel
-            if not data:
-                return
-            self._buffer += data
-
-    def receive(
-        self, timeout: float | None = None, fds: list[int] | None = None, spin_s: float = 0.0
-    ) -> dict[str, Any]:
+    def receive(self, timeout: float | None = None, fds: list[int] | None = None) -> dict[str, Any]:
         """The next message; TimeoutError after `timeout` seconds; ChannelClosed at the end;
-        ProtocolError for anything that is not a JSON object within the size limit. `spin_s`:
-        poll this long before sleeping on the socket (not with `fds`)."""
+        ProtocolError for anything that is not a JSON object within the size limit."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        if spin_s > 0 and fds is None:
-            self._spin(spin_s if timeout is None else min(spin_s, timeout))
         self._fill(_HEADER.size, deadline, fds)
         (size,) = _HEADER.unpack(self._buffer[: _HEADER.size])
         if size > self.limit:

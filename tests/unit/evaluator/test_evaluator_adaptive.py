@@ -5,6 +5,7 @@ protocol on a real CPU pair whose reference does the same work four times."""
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Callable
 from typing import Any
@@ -96,11 +97,11 @@ def test_the_interval_covers_the_truth() -> None:
     assert covered >= 34  # 95% nominal; 34 of 40 leaves room for chance
 
 
-def slow_pair(**settings: Any) -> EvaluationResult:
+def slow_pair(candidate: str = C.SLOW_TASK_FAST, **settings: Any) -> EvaluationResult:
     """The slow task against its fast candidate (a real speedup of about 4x) on the CPU."""
     config = EvalConfig(device="cpu", warmup=2, flush_bytes=0, speedup_recheck=None, **settings)
     with Evaluator(config) as evaluator:
-        return evaluator.evaluate(Task(name="slow", code=C.SLOW_TASK), C.SLOW_TASK_FAST)
+        return evaluator.evaluate(Task(name="slow", code=C.SLOW_TASK), candidate)
 
 
 def test_a_real_cpu_speedup_has_an_interval_above_one() -> None:
@@ -212,17 +213,28 @@ def test_an_evaluator_times_a_tasks_reference_once_per_session() -> None:
     assert all(R.REFERENCE_REUSED not in R.codes(r.reasons) for r in fresh)
 
 
-def test_sides_pinned_to_one_cpu_time_as_before() -> None:
-    """pin_timing: both sides' timing threads share one CPU (and sleep while the other runs);
-    the verdict and the speedup stand."""
-    result = slow_pair(correctness_trials=1, timing_trials=5, max_speedup_cv=None, pin_timing=True)
-    assert result.verdict == Verdict.CORRECT, result.reasons
-    assert result.speedup is not None
-
-
-def test_sides_that_sleep_between_rounds_time_as_those_that_poll() -> None:
-    """timing_spin_ms=0: both sides sleep on their next round instead of polling for it; the
+def test_sides_left_unpinned_time_as_pinned_ones() -> None:
+    """pin_timing=False: the sides' timing threads run wherever the scheduler puts them; the
     verdict and the speedup stand."""
-    result = slow_pair(correctness_trials=1, timing_trials=5, max_speedup_cv=None, timing_spin_ms=0.0)
+    result = slow_pair(correctness_trials=1, timing_trials=5, max_speedup_cv=None, pin_timing=False)
     assert result.verdict == Verdict.CORRECT, result.reasons
     assert result.speedup is not None
+
+
+# The fast candidate, wrong only where pin_timing puts its timed calls: on a single CPU.
+WRONG_WHEN_PINNED = C.SLOW_TASK_FAST.replace(
+    "        return torch.tanh(x @ w)",
+    "        out = torch.tanh(x @ w)\n"
+    "        import os\n"
+    "        return torch.zeros_like(out) if len(os.sched_getaffinity(0)) == 1 else out",
+)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="on one CPU pinned and free look alike")
+def test_timed_calls_run_on_one_cpu_and_correctness_calls_do_not() -> None:
+    quick: dict[str, Any] = {"correctness_trials": 1, "timing_trials": 5, "max_speedup_cv": None}
+    pinned = slow_pair(WRONG_WHEN_PINNED, **quick)
+    assert pinned.verdict == Verdict.REJECTED, pinned.reasons
+    assert R.CACHED_OUTPUT in R.codes(pinned.reasons), pinned.reasons
+    free = slow_pair(WRONG_WHEN_PINNED, **quick, pin_timing=False)
+    assert free.verdict == Verdict.CORRECT, free.reasons
