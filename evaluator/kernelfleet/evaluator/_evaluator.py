@@ -346,19 +346,19 @@ class Evaluator:
         return self._level
 
     def _sandbox(self) -> Sandbox:
-        return sandbox_for(self.isolation, str(self.config.build_root), self._sandbox_tmp_bytes)
+        scratch = min(self.config.scratch_bytes, 2 * _half_memory())
+        return sandbox_for(self.isolation, str(self.config.build_root), scratch, self._sandbox_slots)
 
     @functools.cached_property
-    def _sandbox_tmp_bytes(self) -> int:
-        """The size of the sandbox's /tmp, which every process it runs at once shares:
-        `scratch_bytes` for each evaluation the devices run at once and for each build. (With
-        one `scratch_bytes` for all, four slots of level-1 tasks, whose inputs, input bank and
-        outputs take a gigabyte or more each, filled it on the H200: judges and harnesses failed
-        with "No space left on device" and candidates were blamed.) A tmpfs takes memory only
-        for what is written; the size is capped at the machine's memory."""
-        at_once = self._lane_slots() * _device_count(self.config.device) + self._compile_workers()
-        scratch = self.config.scratch_bytes
-        return max(scratch, min(scratch * at_once, 2 * _half_memory()))
+    def _sandbox_slots(self) -> int:
+        """Scratch slots in the sandbox, each a tmpfs of `scratch_bytes` of its own: one for each
+        judge and candidate the devices run at once, each build, and a judge-only job (baselines,
+        the GPU probe). With one shared tmpfs, four slots of level-1 tasks filled it on the H200
+        (judges and harnesses failed with "No space left on device" and candidates were
+        blamed), and a hostile candidate could fill it on purpose to break its neighbours. A
+        tmpfs takes memory only for what is written."""
+        at_once = self._lane_slots() * _device_count(self.config.device)
+        return 2 * at_once + self._compile_workers() + 2
 
     def _sides(self, config: EvalConfig, lane: _Lane | None, env: dict[str, str]) -> Sides:
         level = self.isolation

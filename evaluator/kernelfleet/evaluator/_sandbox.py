@@ -71,6 +71,12 @@ _TOP_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 DEFAULT_TMP_BYTES = 4 * 1024**3
 
 
+def slot_dirs(slots: int) -> list[str]:
+    """The sandbox's scratch slots: one tmpfs of its own for each process that runs at once,
+    so that what one writes never takes another's space."""
+    return [f"/tmp/kf-slot-{index}" for index in range(slots)]
+
+
 # ---------------------------------------------------------------- detection
 
 
@@ -127,7 +133,7 @@ def detect() -> IsolationReport:
 
 def _try_bwrap(bwrap: str) -> str:
     """'' when bwrap builds our sandbox here; else what went wrong."""
-    argv = _bwrap_argv(bwrap, build_root=None, tmp_bytes=64 * 1024**2, control_fd=None)
+    argv = _bwrap_argv(bwrap, build_root=None, tmp_bytes=64 * 1024**2, control_fd=None, slots=1)
     argv += [sys.executable, "-S", "-c", "pass"]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
@@ -278,7 +284,11 @@ def sandbox_env() -> dict[str, str]:
     return env
 
 
-def _bwrap_argv(bwrap: str, *, build_root: str | None, tmp_bytes: int, control_fd: int | None) -> list[str]:
+def _bwrap_argv(
+    bwrap: str, *, build_root: str | None, tmp_bytes: int, control_fd: int | None, slots: int = 0
+) -> list[str]:
+    """bwrap's command line. `/tmp` is a tmpfs of `tmp_bytes` (the zygote's own files, and a
+    child's scratch when every slot is taken), and each of `slots` scratch slots another."""
     argv = [
         bwrap,
         "--die-with-parent",
@@ -303,6 +313,8 @@ def _bwrap_argv(bwrap: str, *, build_root: str | None, tmp_bytes: int, control_f
     for device in _device_files():
         argv += ["--dev-bind-try", device, device]
     argv += ["--size", str(tmp_bytes), "--tmpfs", "/tmp"]
+    for slot in slot_dirs(slots):
+        argv += ["--size", str(tmp_bytes), "--tmpfs", slot]
     bound = _python_paths()
     for path in bound:
         argv += ["--ro-bind", path, path]
@@ -410,13 +422,20 @@ class Sandbox:
     """A zygote (inside bubblewrap at the bubblewrap levels) and the children it forks."""
 
     def __init__(
-        self, level: str, *, build_root: str, tmp_bytes: int = DEFAULT_TMP_BYTES, processes: int = 4096
+        self,
+        level: str,
+        *,
+        build_root: str,
+        tmp_bytes: int = DEFAULT_TMP_BYTES,
+        slots: int = 0,
+        processes: int = 4096,
     ) -> None:
         if level not in ISOLATION_LEVELS:
             raise UsageError(f"unknown isolation level {level!r}; choose from {', '.join(ISOLATION_LEVELS)}")
         self.level = level
         self.build_root = build_root
-        self.tmp_bytes = tmp_bytes
+        self.tmp_bytes = tmp_bytes  # each slot's size, and /tmp's
+        self.slots = slots  # scratch tmpfs mounts, one per child at once (bubblewrap levels only)
         self.processes = processes
         self.host_dir = Path(tempfile.mkdtemp(prefix="kernelfleet-sandbox-"))
         self._lock = threading.Lock()
@@ -458,10 +477,10 @@ class Sandbox:
             if bwrap is None:
                 raise SandboxError(f"bubblewrap is not usable here: {detect().bwrap_problem}")
             Path(self.build_root).mkdir(parents=True, exist_ok=True)
-            command = (
-                _bwrap_argv(bwrap, build_root=self.build_root, tmp_bytes=self.tmp_bytes, control_fd=fd)
-                + command
+            argv = _bwrap_argv(
+                bwrap, build_root=self.build_root, tmp_bytes=self.tmp_bytes, control_fd=fd, slots=self.slots
             )
+            command = argv + command + slot_dirs(self.slots)
         log = open(self.host_dir / "zygote.log", "ab")  # noqa: SIM115 - handed to the child
         result: dict[str, Any] = {}
         started = threading.Event()
@@ -677,17 +696,17 @@ def host_pid(sandbox: Sandbox, child: SandboxChild) -> int:
 
 # ---------------------------------------------------------------- one sandbox per setting
 
-_SANDBOXES: dict[tuple[str, str, int], Sandbox] = {}
+_SANDBOXES: dict[tuple[str, str, int, int], Sandbox] = {}
 _SANDBOXES_LOCK = threading.Lock()
 
 
-def sandbox_for(level: str, build_root: str, tmp_bytes: int = DEFAULT_TMP_BYTES) -> Sandbox:
+def sandbox_for(level: str, build_root: str, tmp_bytes: int = DEFAULT_TMP_BYTES, slots: int = 0) -> Sandbox:
     """The process's shared sandbox for these settings (started on first use)."""
-    key = (level, build_root, tmp_bytes)
+    key = (level, build_root, tmp_bytes, slots)
     with _SANDBOXES_LOCK:
         sandbox = _SANDBOXES.get(key)
         if sandbox is None or sandbox._closed:
-            sandbox = Sandbox(level, build_root=build_root, tmp_bytes=tmp_bytes)
+            sandbox = Sandbox(level, build_root=build_root, tmp_bytes=tmp_bytes, slots=slots)
             _SANDBOXES[key] = sandbox
         return sandbox
 

@@ -12,7 +12,7 @@ killed, and, as a child subreaper, any orphan re-parented to it (a daemon that l
 is killed on sight. `kill` requests end a child and its group at once. When the evaluator goes
 away (the control socket closes) every child is killed and the zygote exits.
 
-    python -m kernelfleet.evaluator._zygote CONTROL_FD
+    python -m kernelfleet.evaluator._zygote CONTROL_FD [SLOT_DIR ...]
 """
 
 from __future__ import annotations
@@ -36,10 +36,13 @@ _PRELOAD = ("torch", "torch._dynamo", "kernelfleet.evaluator._judge", "kernelfle
 
 
 class _Zygote:
-    def __init__(self, control: PacketChannel) -> None:
+    def __init__(self, control: PacketChannel, slots: list[str]) -> None:
         self.control = control
-        self.children: dict[int, dict[str, Any]] = {}  # pid -> {"id", "scratch"}
+        self.children: dict[int, dict[str, Any]] = {}  # pid -> {"id", "scratch", "slot"}
         self.tmp_root = Path(tempfile.mkdtemp(prefix="kf-sandbox-"))
+        # Scratch slots, each a tmpfs of its own (bubblewrap levels): a child's scratch lives in
+        # a free one, so filling it fills nobody else's. None free: the shared root.
+        self.slots = slots
         self.pid = os.getpid()
         self.parent = os.getppid()
         self.wake: tuple[int, int] = (-1, -1)
@@ -88,7 +91,9 @@ class _Zygote:
                 os.close(fd)
             self.control.send({"op": "failed", "id": request.get("id"), "error": "two descriptors expected"})
             return
-        scratch = Path(tempfile.mkdtemp(prefix="job-", dir=self.tmp_root))
+        taken = {child["slot"] for child in self.children.values()}
+        slot = next((s for s in self.slots if s not in taken), None)
+        scratch = Path(tempfile.mkdtemp(prefix="job-", dir=slot or self.tmp_root))
         (scratch / "xchg").mkdir()
         (scratch / "home").mkdir()
         pid = os.fork()
@@ -107,7 +112,7 @@ class _Zygote:
                 os._exit(code)
         for fd in fds:
             os.close(fd)
-        self.children[pid] = {"id": request.get("id"), "scratch": scratch}
+        self.children[pid] = {"id": request.get("id"), "scratch": scratch, "slot": slot}
         self.control.send({"op": "spawned", "id": request.get("id"), "pid": pid, "scratch": str(scratch)})
 
     @staticmethod
@@ -263,7 +268,7 @@ def main(argv: list[str] | None = None) -> None:
 
     for name in _PRELOAD:
         importlib.import_module(name)
-    _Zygote(control).serve()
+    _Zygote(control, args[1:]).serve()
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from kernelfleet.core.models import Task, Verdict
 from kernelfleet.evaluator import EvalConfig, Evaluator
 from kernelfleet.evaluator._cputime import tree_cpu_seconds
 from kernelfleet.evaluator._gpugate import GpuGate
+from kernelfleet.evaluator._sandbox import detect
 from tests.support import evaluator_cases as C
 
 MATMUL = Task(name="matmul", code=C.MATMUL_TASK)
@@ -156,11 +157,45 @@ def test_cpu_time_counts_the_process_tree_not_the_wall_clock() -> None:
             assert peak <= high, peak
 
 
+@pytest.mark.skipif(
+    not detect().level.startswith("bubblewrap"), reason="scratch slots are tmpfs mounts of bubblewrap's"
+)
+def test_a_candidate_that_fills_the_disk_fills_only_its_own_scratch_space() -> None:
+    """Hostile: file after file, each under the file-size limit, until the space runs out. At
+    the bubblewrap levels each process's scratch is a tmpfs of its own, so a neighbour writing
+    most of its share at the same time still passes. (With one tmpfs for all, sized for
+    everyone, the hog took the neighbour's share and its write failed.)"""
+    scratch = 48 * 1024**2
+    until = time.time() + 10  # both hold their files until then
+    hold = f"while time.time() < {until!r}:\n    time.sleep(0.05)\n"
+    hog = (
+        "import time\n"
+        "try:\n"
+        "    for n in range(100_000):\n"
+        "        with open(f'hog-{n}', 'wb') as f:\n"
+        "            f.write(b'x' * (1 << 20))\n"
+        "except OSError:\n"
+        "    pass\n"
+    ) + hold
+    # The neighbour writes once the hog has had seconds to fill what it can.
+    fill = (
+        "import time\n"
+        f"while time.time() < {until - 5!r}:\n"
+        "    time.sleep(0.05)\n"
+        f"open('fill', 'wb').write(b'x' * {40 * 1024**2})\n"
+    ) + hold
+    items = [(MATMUL, hog + C.HONEST + "\n# hog\n"), (MATMUL, fill + C.HONEST + "\n# neighbour\n")]
+    config = EvalConfig(**ONE_BATCH, lane_slots=2, compile_workers=1, scratch_bytes=scratch)
+    with Evaluator(config) as evaluator:
+        _, neighbour = evaluator.evaluate_batch(items, progress=False)
+    assert neighbour.verdict == Verdict.CORRECT, (neighbour.reasons, neighbour.log)
+
+
 def test_evaluations_side_by_side_each_have_their_scratch_space() -> None:
-    """The sandbox's /tmp is shared by every process it runs at once, so it holds
-    `scratch_bytes` for each: two candidates that each fill most of their scratch space at the
-    same time both pass. (With one `scratch_bytes` for all, the second one's write failed with
-    "No space left on device", as level-1 tasks' inputs did on the H200.)"""
+    """Every process the sandbox runs at once has `scratch_bytes` of scratch space: two
+    candidates that each fill most of theirs at the same time both pass. (With one
+    `scratch_bytes` for all, the second one's write failed with "No space left on device", as
+    level-1 tasks' inputs did on the H200.)"""
     scratch = 48 * 1024**2
     until = time.time() + 8  # both hold their file until then: the two writes overlap
     fill = (
