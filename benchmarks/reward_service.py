@@ -32,7 +32,9 @@ pass --kernels or set $KERNELFLEET_CUDA_L1_KERNELS). Three parts, each saved as 
   fast as its reference is reported as no speedup, but it is timed all the same).
   Reference reuse is off here: each timing stands on its own paired measurement. Each row says
   why a side has no speedup. --repeat-config lane_slots=1,compile_workers=1 takes the
-  neighbours away: the machine's own repeatability, beside the pipeline's.
+  neighbours away: the machine's own repeatability, beside the pipeline's. Several settings
+  separated by ';' (`--repeat-config "pin_timing=true;pin_timing=false"`) run at once, side by
+  side on the same candidates, one Evaluator each.
 
 Workload rule (throughput): the JSONL rows whose task exists in --tasks, sorted by (level, task
 id); with M of them and N = --count, row floor((i + 0.5) * M / N) for i in 0..N-1 (every
@@ -596,11 +598,38 @@ def part_variants(
 
 def part_repeat(
     workload: list[tuple[Task, str, str]], args: argparse.Namespace, budget: float
+) -> list[dict[str, Any]]:
+    """One repeat run per --repeat-config; several run at once, each with an Evaluator of its
+    own over the same candidates (their builds shared, their timings taking turns on the
+    device's machine-wide lock), so that settings compare side by side under the same load."""
+    deadline = time.monotonic() + budget
+    runs: list[dict[str, Any]] = [{} for _ in args.repeat_config]
+
+    def repeat_one(index: int, overrides: dict[str, Any]) -> None:
+        runs[index] = repeat_run(workload, args, overrides, deadline)
+
+    with UtilizationSampler() as util:
+        threads = [threading.Thread(target=repeat_one, args=item) for item in enumerate(args.repeat_config)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    for run in runs:
+        run["nvidia_smi_mean_utilization_pct"] = util.mean
+        run["nvidia_smi_sm_clock_mhz"] = util.clock_mhz
+    return runs
+
+
+def repeat_run(
+    workload: list[tuple[Task, str, str]],
+    args: argparse.Namespace,
+    overrides: dict[str, Any],
+    deadline: float,
 ) -> dict[str, Any]:
     no_reuse = {"reference_reuse": False} if "reference_reuse" in EvalConfig.model_fields else {}
-    # --repeat-config lane_slots=1,compile_workers=1 times each candidate with no neighbour:
-    # the machine's own repeatability, to set beside the pipeline's.
-    neighbours: dict[str, Any] = {"lane_slots": args.lane_slots, **args.repeat_config}
+    # lane_slots=1,compile_workers=1 times each candidate with no neighbour: the machine's own
+    # repeatability, to set beside the pipeline's.
+    neighbours: dict[str, Any] = {"lane_slots": args.lane_slots, **overrides}
     config = EvalConfig(
         device=args.device,
         profile=args.profile,
@@ -615,12 +644,11 @@ def part_repeat(
     items = []
     for task, code, _ in chosen:
         items += [(task, code + "\n# first process\n"), (task, code + "\n# second process\n")]
-    deadline = time.monotonic() + budget
 
     def past_deadline(_: float) -> bool:
         return time.monotonic() > deadline
 
-    with UtilizationSampler() as util, Evaluator(config) as evaluator:
+    with Evaluator(config) as evaluator:
         try:
             results: list[EvaluationResult | None] = list(
                 evaluator.evaluate_batch(items, progress=False, stop=past_deadline)
@@ -662,8 +690,6 @@ def part_repeat(
     every = sorted(r["disagreement"] for r in rows if "disagreement" in r)
     return {
         "settings": {key: getattr(config, key) for key in neighbours},
-        "nvidia_smi_mean_utilization_pct": util.mean,
-        "nvidia_smi_sm_clock_mhz": util.clock_mhz,
         "tasks": len(chosen),
         "timed_pairs": len(every),
         "pairs_50us_and_up": len(big),
@@ -862,8 +888,7 @@ def markdown(report: dict[str, Any]) -> str:
         lines += throughput_markdown(report["throughput"])
     if "variants" in report:
         lines += variants_markdown(report["variants"])
-    if "repeat" in report:
-        r = report["repeat"]
+    for r in report.get("repeat", []):
         lines += [
             f"## Repeatability ({r['tasks']} tasks, each candidate timed in two fresh processes, "
             f"{r.get('settings', {})})",
@@ -892,6 +917,8 @@ def markdown(report: dict[str, Any]) -> str:
 
 def config_overrides(text: str) -> dict[str, str]:
     """`a=1,b=false` -> {"a": "1", "b": "false"}; EvalConfig checks and converts the values."""
+    if not text.strip():
+        return {}
     pairs = [item.split("=", 1) for item in text.split(",") if item.strip()]
     bad = [item for item in pairs if len(item) != 2 or item[0].strip() not in EvalConfig.model_fields]
     if bad:
@@ -919,9 +946,10 @@ def main() -> int:
     parser.add_argument("--repeat-tasks", type=int, default=40)
     parser.add_argument(
         "--repeat-config",
-        type=config_overrides,
-        default={},
-        help="EvalConfig fields for the repeat part, e.g. lane_slots=1,compile_workers=1",
+        type=lambda text: [config_overrides(part) for part in text.split(";")],
+        default=[{}],
+        help="EvalConfig fields for the repeat part, e.g. lane_slots=1,compile_workers=1; several "
+        "settings separated by ';' run side by side",
     )
     parser.add_argument("--variant-tasks", type=int, default=8, help="tasks in the variants part")
     parser.add_argument("--variants", type=int, default=4, help="candidates per task in the variants part")

@@ -287,8 +287,9 @@ def sandbox_env() -> dict[str, str]:
 def _bwrap_argv(
     bwrap: str, *, build_root: str | None, tmp_bytes: int, control_fd: int | None, slots: int = 0
 ) -> list[str]:
-    """bwrap's command line. `/tmp` is a tmpfs of `tmp_bytes` (the zygote's own files, and a
-    child's scratch when every slot is taken), and each of `slots` scratch slots another."""
+    """bwrap's command line. Each of `slots` scratch slots is a tmpfs of `tmp_bytes`; `/tmp`,
+    where the children beyond the slots keep their scratch (several evaluators sharing one
+    sandbox), is one tmpfs sized for all of them, as it was before slots."""
     argv = [
         bwrap,
         "--die-with-parent",
@@ -312,7 +313,7 @@ def _bwrap_argv(
     argv += ["--proc", "/proc", "--dev", "/dev", "--ro-bind-try", "/sys", "/sys"]
     for device in _device_files():
         argv += ["--dev-bind-try", device, device]
-    argv += ["--size", str(tmp_bytes), "--tmpfs", "/tmp"]
+    argv += ["--size", str(tmp_bytes * max(1, slots)), "--tmpfs", "/tmp"]
     for slot in slot_dirs(slots):
         argv += ["--size", str(tmp_bytes), "--tmpfs", slot]
     bound = _python_paths()
