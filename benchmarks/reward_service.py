@@ -26,21 +26,22 @@ pass --kernels or set $KERNELFLEET_CUDA_L1_KERNELS). Three parts, each saved as 
   pipeline with and without reference reuse, one after the other. Per mode: rate, timing-lane
   seconds per candidate, lane busy share; and how far the two modes' speedups for the same
   candidate differ (|s_reuse / s_paired - 1|, p50 and p90, over candidates of 50 us and more).
-- repeat: each candidate evaluated twice in fresh processes; the disagreement of the two
-  speedups |s1/s2 - 1| at the 50th and 90th percentile, over candidates of 50 us and more. A
-  speedup here is the ratio of the two medians of a correct candidate, reported or not (one as
-  fast as its reference is reported as no speedup, but it is timed all the same).
-  Reference reuse is off here: each timing stands on its own paired measurement. Each row says
-  why a side has no speedup. --repeat-config lane_slots=1,compile_workers=1 takes the
-  neighbours away: the machine's own repeatability, beside the pipeline's. Several settings
-  separated by ';' (`--repeat-config "pin_timing=true;pin_timing=false"`) run at once, side by
-  side on the same candidates, one Evaluator each.
+- repeat: the published kernels in file order are screened until --repeat-tasks of them are
+  correct and timed, and each of those is timed again in a fresh process; the disagreement of
+  the two speedups |s1/s2 - 1| at the 50th and 90th percentile, over candidates of 50 us and
+  more. A speedup here is the ratio of the two medians, reported or not (one as fast as its
+  reference is reported as no speedup, but it is timed all the same). Reference reuse is off
+  here: each timing stands on its own paired measurement. --repeat-config takes EvalConfig
+  fields (lane_slots=1,compile_workers=1 takes the neighbours away: the machine's own
+  repeatability); several settings separated by ';' (`"pin_timing=true;pin_timing=false"`)
+  time each screened candidate twice under every setting, interleaved in one pipeline: side
+  by side under the same load.
 
 Workload rule (throughput): the JSONL rows whose task exists in --tasks, sorted by (level, task
 id); with M of them and N = --count, row floor((i + 0.5) * M / N) for i in 0..N-1 (every
 M/N-th row, from the middle of the first stride), so the choice is deterministic and spread over
 levels 1, 2 and 3 (a level missing from the choice is reported). The repeat part takes the first
---repeat-tasks matching rows in file order, as before.
+matching rows in file order until --repeat-tasks are correct.
 
     python benchmarks/reward_service.py --kernels cuda-l1-h100-kernels.jsonl --device cuda:0
     python benchmarks/reward_service.py --kernels ... --device cpu --count 3 --repeat-tasks 2 \\
@@ -52,6 +53,7 @@ Writes `reward_service-<date>[-<tag>].json` and `.md` into --out.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import dataclasses
 import datetime as dt
 import json
@@ -596,101 +598,129 @@ def part_variants(
     return out
 
 
+FIRST, SECOND = "\n# first process\n", "\n# second process\n"
+
+
+def repeat_settings(args: argparse.Namespace) -> list[EvalConfig]:
+    no_reuse = {"reference_reuse": False} if "reference_reuse" in EvalConfig.model_fields else {}
+    base: dict[str, Any] = {
+        "device": args.device,
+        "profile": args.profile,
+        "timing_trials": args.trials,
+        "speedup_recheck": None,
+        "timeout_seconds": args.task_timeout,
+        "compile_timeout_s": args.task_timeout,
+        "lane_slots": args.lane_slots,
+        **no_reuse,
+    }
+    return [EvalConfig(**{**base, **overrides}) for overrides in args.repeat_config]
+
+
 def part_repeat(
     workload: list[tuple[Task, str, str]], args: argparse.Namespace, budget: float
 ) -> list[dict[str, Any]]:
-    """One repeat run per --repeat-config; several run at once, each with an Evaluator of its
-    own over the same candidates (their builds shared, their timings taking turns on the
-    device's machine-wide lock), so that settings compare side by side under the same load."""
+    """The published kernels in file order are screened (evaluated once, under the first
+    setting) until --repeat-tasks of them are correct and timed; each of those is then timed
+    again in fresh processes: a second time under the first setting, twice under every other.
+    All of it goes through one Evaluator, the settings interleaved candidate by candidate, so
+    they compare side by side under the same load. One report per setting."""
+    settings = repeat_settings(args)
     deadline = time.monotonic() + budget
-    runs: list[dict[str, Any]] = [{} for _ in args.repeat_config]
+    queued = 2 * args.lane_slots + 2  # screenings in flight: enough to keep the pipeline fed
+    screens: dict[int, EvaluationResult | None] = {}
+    retimes: dict[int, list[concurrent.futures.Future[EvaluationResult]]] = {}
+    with UtilizationSampler() as util, Evaluator(settings[0]) as evaluator:
+        rows = iter(enumerate(workload))
+        screening: dict[concurrent.futures.Future[EvaluationResult], int] = {}
 
-    def repeat_one(index: int, overrides: dict[str, Any]) -> None:
-        runs[index] = repeat_run(workload, args, overrides, deadline)
+        def screen_more() -> None:
+            while len(screening) < queued and len(retimes) + len(screening) < args.repeat_tasks:
+                index, (task, code, _) = next(rows, (-1, (None, "", "")))
+                if task is None:
+                    return
+                screening[evaluator.submit(task, code + FIRST, settings[0])] = index
 
-    with UtilizationSampler() as util:
-        threads = [threading.Thread(target=repeat_one, args=item) for item in enumerate(args.repeat_config)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        screen_more()
+        while screening and time.monotonic() < deadline:
+            done, _ = concurrent.futures.wait(screening, timeout=1.0, return_when="FIRST_COMPLETED")
+            for future in done:
+                index = screening.pop(future)
+                screens[index] = finished(future)
+                if median_ratio(screens[index]) is not None:
+                    task, code, _ = workload[index]
+                    retimes[index] = [evaluator.submit(task, code + SECOND, settings[0])]
+                    for setting in settings[1:]:
+                        retimes[index] += [
+                            evaluator.submit(task, code + tail, setting) for tail in (FIRST, SECOND)
+                        ]
+            screen_more()
+        pending = [future for futures in retimes.values() for future in futures]
+        concurrent.futures.wait(pending, timeout=max(0.0, deadline - time.monotonic()))
+        results = {
+            index: [finished(f) if f.done() else None for f in futures] for index, futures in retimes.items()
+        }
+    runs = []
+    for number, setting in enumerate(settings):
+        pairs = []
+        for index, later in results.items():
+            pair = [screens[index], later[0]] if number == 0 else later[2 * number - 1 : 2 * number + 1]
+            pairs.append(repeat_row(workload[index][2], pair[0], pair[1]))
+        overrides = args.repeat_config[number]
+        screened = Counter(str(r.verdict) if r else "not evaluated" for r in screens.values())
+        runs.append(
+            summarise_repeat(
+                pairs,
+                settings={"lane_slots": setting.lane_slots, **{k: getattr(setting, k) for k in overrides}},
+                screened={"candidates": len(screens), "verdicts": dict(screened)},
+            )
+        )
     for run in runs:
         run["nvidia_smi_mean_utilization_pct"] = util.mean
         run["nvidia_smi_sm_clock_mhz"] = util.clock_mhz
     return runs
 
 
-def repeat_run(
-    workload: list[tuple[Task, str, str]],
-    args: argparse.Namespace,
-    overrides: dict[str, Any],
-    deadline: float,
-) -> dict[str, Any]:
-    no_reuse = {"reference_reuse": False} if "reference_reuse" in EvalConfig.model_fields else {}
-    # lane_slots=1,compile_workers=1 times each candidate with no neighbour: the machine's own
-    # repeatability, to set beside the pipeline's.
-    neighbours: dict[str, Any] = {"lane_slots": args.lane_slots, **overrides}
-    config = EvalConfig(
-        device=args.device,
-        profile=args.profile,
-        timing_trials=args.trials,
-        speedup_recheck=None,
-        timeout_seconds=args.task_timeout,
-        compile_timeout_s=args.task_timeout,
-        **no_reuse,
-        **neighbours,
-    )
-    chosen = workload[: args.repeat_tasks]
-    items = []
-    for task, code, _ in chosen:
-        items += [(task, code + "\n# first process\n"), (task, code + "\n# second process\n")]
+def finished(future: concurrent.futures.Future[EvaluationResult]) -> EvaluationResult | None:
+    try:
+        return future.result(timeout=0)
+    except Exception:  # cancelled with the evaluator, or failed: not evaluated
+        return None
 
-    def past_deadline(_: float) -> bool:
-        return time.monotonic() > deadline
 
-    with Evaluator(config) as evaluator:
-        try:
-            results: list[EvaluationResult | None] = list(
-                evaluator.evaluate_batch(items, progress=False, stop=past_deadline)
-            )
-        except EvaluationCancelled as cancelled:
-            results = [
-                r if isinstance(r, EvaluationResult) else None
-                for r in cancelled.results or [None] * len(items)
-            ]
-    rows = []
-    for index, (_, _, name) in enumerate(chosen):
-        first, second = results[2 * index], results[2 * index + 1]
-        row: dict[str, Any] = {"task": name}
-        ratios = [median_ratio(r) for r in (first, second)]
-        if ratios[0] and ratios[1] and first is not None and first.candidate is not None:
-            # The ratio of the two medians, whether or not the evaluator reported it as a
-            # speedup: a candidate as fast as its reference is timed all the same, and how
-            # well two processes agree on it is the figure wanted.
-            row.update(
-                first=round(ratios[0], 4),
-                second=round(ratios[1], 4),
-                reported=[r.speedup is not None for r in (first, second) if r is not None],
-                first_ci=first.speedup_ci,
-                candidate_ms=round(first.candidate.median_ms, 4),
-                reference_iqr=[iqr_share(r.reference) for r in (first, second) if r is not None],
-                candidate_iqr=[iqr_share(r.candidate) for r in (first, second) if r is not None],
-                disagreement=round(abs(ratios[0] / ratios[1] - 1), 4),
-            )
-        else:
-            row["verdicts"] = [str(r.verdict) if r else "not evaluated" for r in (first, second)]
-        # Why a side has no speedup: its reasons, and the end of its log when it failed.
-        row["why"] = [
-            {"reasons": list(r.reasons)[:4], "log": (r.log or "")[-600:] if r.verdict != "correct" else ""}
-            for r in (first, second)
-            if r is not None and not r.speedup
-        ]
-        rows.append(row)
+def repeat_row(name: str, first: EvaluationResult | None, second: EvaluationResult | None) -> dict[str, Any]:
+    row: dict[str, Any] = {"task": name}
+    ratios = [median_ratio(r) for r in (first, second)]
+    if ratios[0] and ratios[1] and first is not None and first.candidate is not None:
+        # The ratio of the two medians, whether or not the evaluator reported it as a speedup:
+        # a candidate as fast as its reference is timed all the same, and how well two
+        # processes agree on it is the figure wanted.
+        row.update(
+            first=round(ratios[0], 4),
+            second=round(ratios[1], 4),
+            reported=[r.speedup is not None for r in (first, second) if r is not None],
+            first_ci=first.speedup_ci,
+            candidate_ms=round(first.candidate.median_ms, 4),
+            reference_iqr=[iqr_share(r.reference) for r in (first, second) if r is not None],
+            candidate_iqr=[iqr_share(r.candidate) for r in (first, second) if r is not None],
+            disagreement=round(abs(ratios[0] / ratios[1] - 1), 4),
+        )
+    else:
+        row["verdicts"] = [str(r.verdict) if r else "not evaluated" for r in (first, second)]
+    # Why a side has no speedup: its reasons, and the end of its log when it failed.
+    row["why"] = [
+        {"reasons": list(r.reasons)[:4], "log": (r.log or "")[-600:] if r.verdict != "correct" else ""}
+        for r in (first, second)
+        if r is not None and not r.speedup
+    ]
+    return row
+
+
+def summarise_repeat(rows: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
     big = sorted(r["disagreement"] for r in rows if "disagreement" in r and r["candidate_ms"] >= 0.05)
     every = sorted(r["disagreement"] for r in rows if "disagreement" in r)
     return {
-        "settings": {key: getattr(config, key) for key in neighbours},
-        "tasks": len(chosen),
+        **extra,
+        "tasks": len(rows),
         "timed_pairs": len(every),
         "pairs_50us_and_up": len(big),
         "p50_disagreement_50us_and_up": quantile(big, 0.5),
@@ -892,6 +922,9 @@ def markdown(report: dict[str, Any]) -> str:
         lines += [
             f"## Repeatability ({r['tasks']} tasks, each candidate timed in two fresh processes, "
             f"{r.get('settings', {})})",
+            "",
+            f"Screened: {r.get('screened', {}).get('candidates', '-')} published kernels in file order, "
+            f"verdicts {r.get('screened', {}).get('verdicts', {})}; the correct ones were timed again.",
             "",
             f"|s1/s2 - 1| over {r['pairs_50us_and_up']} candidates of 50 us and more: p50 "
             f"{r['p50_disagreement_50us_and_up']}, p90 {r['p90_disagreement_50us_and_up']} "

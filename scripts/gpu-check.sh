@@ -104,7 +104,8 @@ REWARD_ARGS=(--out "$RESULTS" --kernels "$KERNELS" --max-seconds "${REWARD_SECON
 [[ -n "${REWARD_PARTS:-}" ]] && REWARD_ARGS+=(--parts "$REWARD_PARTS")
 [[ -n "${REWARD_MODE_SECONDS:-}" ]] && REWARD_ARGS+=(--mode-seconds "$REWARD_MODE_SECONDS")
 [[ -n "${GPU_CHECK_TAG:-}" ]] && REWARD_ARGS+=(--tag "$GPU_CHECK_TAG")
-# More benchmark flags, word-split: e.g. REWARD_EXTRA="--variant-tasks 6 --repeat-tasks 24".
+# More benchmark flags, word-split: e.g. REWARD_EXTRA="--variant-tasks 6 --repeat-tasks 24", or
+# REWARD_EXTRA="--repeat-config pin_timing=true;pin_timing=false" (two settings side by side).
 # shellcheck disable=SC2206
 [[ -n "${REWARD_EXTRA:-}" ]] && REWARD_ARGS+=($REWARD_EXTRA)
 if [[ $ROUNDS == 1 ]]; then
