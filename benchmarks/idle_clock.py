@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from gpu_evaluator import commit  # $KERNELFLEET_COMMIT, else git
 
 ROOT = Path(__file__).resolve().parents[1]
 GAPS_MS = (0.0, 0.5, 2.0, 10.0, 50.0)
@@ -113,7 +114,6 @@ def main() -> int:
     parser.add_argument("--device", default="cuda:0")
     parser.add_argument("--reps", type=int, default=40)
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
-    parser.add_argument("--commit", default="unknown")
     parser.add_argument("--waits", default="sleep,poll", help="of sleep, poll, gpu-spin")
     parser.add_argument("--sizes", default="1024,2048,4096", help="matmul sizes (n x n, fp32)")
     args = parser.parse_args()
@@ -130,7 +130,7 @@ def main() -> int:
         "environment": {
             "gpu": torch.cuda.get_device_name(),
             "torch": torch.__version__,
-            "commit": args.commit,
+            "commit": commit(),
         },
         "reps": args.reps,
         "cells": cells,

@@ -26,6 +26,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from gpu_evaluator import commit  # $KERNELFLEET_COMMIT, else git
+
 ROOT = Path(__file__).resolve().parents[1]
 
 _CHILD = r"""
@@ -115,7 +117,6 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--processes", type=int, default=8, help="per mode (free, pinned)")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
-    parser.add_argument("--commit", default="unknown")
     args = parser.parse_args()
     cpus = sorted(os.sched_getaffinity(0))
     pinned = str(cpus[-1])
@@ -132,7 +133,7 @@ def main() -> int:
     stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d")
     report = {
         "date": stamp,
-        "environment": {"gpu": torch.cuda.get_device_name(), "cpus": len(cpus), "commit": args.commit},
+        "environment": {"gpu": torch.cuda.get_device_name(), "cpus": len(cpus), "commit": commit()},
         "rows": rows,
         "summary": summarise(rows),
     }

@@ -112,9 +112,8 @@ if [[ $ROUNDS == 1 ]]; then
   step round-overhead python3 benchmarks/round_overhead.py --old "${ROUND_OLD:-9d3bb89}" --old-tree .old \
     --device cuda:0 --out "$RESULTS"
 elif [[ $IDLE == 1 ]]; then
-  [[ -z "${IDLE_SKIP_CLOCK:-}" ]] && step idle-clock python3 benchmarks/idle_clock.py --device cuda:0 --out "$RESULTS" \
-    --commit "${KERNELFLEET_COMMIT:-unknown}"
-  step process-spread python3 benchmarks/process_spread.py --out "$RESULTS" --commit "${KERNELFLEET_COMMIT:-unknown}"
+  [[ -z "${IDLE_SKIP_CLOCK:-}" ]] && step idle-clock python3 benchmarks/idle_clock.py --device cuda:0 --out "$RESULTS"
+  step process-spread python3 benchmarks/process_spread.py --out "$RESULTS"
 elif [[ $ATTACKS == 1 ]]; then
   step gpu-attack-tests python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_gpu_attacks.py
   step attack-table python3 benchmarks/attacks.py --levels "${ATTACK_LEVELS:-auto}" --device cuda --out "$RESULTS"
