@@ -56,6 +56,7 @@ import argparse
 import concurrent.futures
 import dataclasses
 import datetime as dt
+import itertools
 import json
 import os
 import shutil
@@ -630,7 +631,7 @@ def part_repeat(
     screens: dict[int, EvaluationResult | None] = {}
     retimes: dict[int, list[concurrent.futures.Future[EvaluationResult]]] = {}
     with UtilizationSampler() as util, Evaluator(settings[0]) as evaluator:
-        rows = iter(enumerate(workload))
+        rows = itertools.islice(enumerate(workload), args.repeat_from, None)
         screening: dict[concurrent.futures.Future[EvaluationResult], int] = {}
 
         def screen_more() -> None:
@@ -671,7 +672,11 @@ def part_repeat(
             summarise_repeat(
                 pairs,
                 settings={"lane_slots": setting.lane_slots, **{k: getattr(setting, k) for k in overrides}},
-                screened={"candidates": len(screens), "verdicts": dict(screened)},
+                screened={
+                    "candidates": len(screens),
+                    "verdicts": dict(screened),
+                    "rows": [args.repeat_from, max(screens, default=args.repeat_from - 1) + 1],
+                },
             )
         )
     for run in runs:
@@ -923,7 +928,8 @@ def markdown(report: dict[str, Any]) -> str:
             f"## Repeatability ({r['tasks']} tasks, each candidate timed in two fresh processes, "
             f"{r.get('settings', {})})",
             "",
-            f"Screened: {r.get('screened', {}).get('candidates', '-')} published kernels in file order, "
+            f"Screened: {r.get('screened', {}).get('candidates', '-')} published kernels in file order "
+            f"(rows {r.get('screened', {}).get('rows', '-')}), "
             f"verdicts {r.get('screened', {}).get('verdicts', {})}; the correct ones were timed again.",
             "",
             f"|s1/s2 - 1| over {r['pairs_50us_and_up']} candidates of 50 us and more: p50 "
@@ -977,6 +983,13 @@ def main() -> int:
         help="folder holding KernelBench's kernelbench package (not in the repository)",
     )
     parser.add_argument("--repeat-tasks", type=int, default=40)
+    parser.add_argument(
+        "--repeat-from",
+        type=int,
+        default=0,
+        help="the repeat part screens from this row of the workload on: a second call carries on "
+        "where the first one's screening ended (its report gives the rows screened)",
+    )
     parser.add_argument(
         "--repeat-config",
         type=lambda text: [config_overrides(part) for part in text.split(";")],

@@ -337,6 +337,7 @@ def baselines(job: Job) -> dict[str, Any]:
         trials=trials,
         flush_bytes=job.config.resolved_flush_bytes(session.cuda),
         rng=session.rng,
+        primer_below_ms=job.config.timing_primer_ms,
     )
     return {"status": "ok", "samples": run.samples, "unavailable": unavailable}
 

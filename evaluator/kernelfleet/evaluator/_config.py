@@ -174,6 +174,15 @@ class EvalConfig(EvaluationSettings):
         "On the H200, re-timing in a fresh process agreed within 3.4% at p90 pinned and 21-31% unpinned "
         "(docs/evaluator.md).",
     )
+    timing_primer_ms: float = Field(
+        default=20.0,
+        ge=0,
+        description="When either side's warm-up calls take under this many milliseconds, each timed call "
+        "of both sides is preceded by one untimed call of the same model on the last round's input values "
+        "(never the values it is timed on): the timed call then starts warm, as KernelBench's back-to-back "
+        "calls do, instead of after a wait for the other side's turn, which on the H200 made a 0.1 ms "
+        "matmul time 0.17-0.29 ms. 0: never (docs/evaluator.md).",
+    )
     exclusive_timing: bool = Field(
         default=True,
         description="While a candidate times a batch of rounds, the other candidates' GPU steps on that "

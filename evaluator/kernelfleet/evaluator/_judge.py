@@ -178,19 +178,20 @@ class JudgeSession:
 
     def round(self, request: dict[str, Any]) -> dict[str, Any]:
         assert self.bank is not None and self.clock is not None
+        buffers, model = self.buffers, self.session.ref_model
+        primer_ms = self.clock.prime(lambda: model(*buffers)) if request.get("prime") else 0.0
         moves = [tuple(m) if m is not None else None for m in request["moves"]]
         self.bank.fill(self.buffers, int(request["index"]), moves)
         if self.flush is not None:
             self.flush.zero_()
         G.manual_seed(int(request["seed"]))
         self.clock.sync()
-        buffers, model = self.buffers, self.session.ref_model
         elapsed, naive, out = self.clock.measure(lambda: model(*buffers))
         check_materialised(out, self.session.device)  # the candidate's side does it too: same cost
         if request.get("keep"):
             self.kept = clone_tree(out)
         del out
-        return {"ms": elapsed, "naive": naive}
+        return {"ms": elapsed, "naive": naive, "primer_ms": primer_ms}
 
     def check_round(self, request: dict[str, Any]) -> dict[str, Any]:
         out_c, wrong = self.read_candidate(str(request["output"]))

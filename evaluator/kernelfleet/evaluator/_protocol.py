@@ -12,7 +12,8 @@ does, one request at a time:
    copy (then the cache probe, then one traced call);
 3. timing, with the device's timing lane held: both sides load the same input bank; each round
    this process draws the inputs, the perturbation, the seed and the order, and asks each side
-   in turn to time its call; some rounds, chosen after the fact, the candidate's output is
+   in turn to time its call (short calls after an untimed primer call on the last round's
+   values, so that each timed call starts warm); some rounds, chosen after the fact, the candidate's output is
    shipped to the judge and compared with the reference's for the same inputs. Every round is
    also timed from here, outside both processes, and a candidate whose own numbers fall short
    of that outside clock by more than the judge's do is rejected (`clock-mismatch`).
@@ -49,6 +50,7 @@ from kernelfleet.evaluator._timing import (
     decide,
     escaped_work_ms,
     stats,
+    wants_primer,
 )
 from kernelfleet.evaluator._wire import ChannelClosed, ProtocolError
 
@@ -681,7 +683,7 @@ class Evaluation:
         failed: list[tuple[int, str]] = []
         counter = [0]
 
-        def side(label: str, message: dict[str, Any]) -> tuple[float, float | None, float, str | None]:
+        def side(label: str, message: dict[str, Any]) -> tuple[float, float | None, float, float, str | None]:
             child = self.judge if label == "reference" else self.cand
             assert child is not None
             # The outside clock reads the exchange alone (send, the side's round, its answer):
@@ -703,14 +705,17 @@ class Evaluation:
                 raise _JudgeFailed(f"the judge answered with an invalid message: {error}") from None
             span = (time.perf_counter() - begin) * 1e3
             answer = self._judge_answer(raw) if label == "reference" else self._candidate_answer(raw)
-            ms, naive = answer.get("ms"), answer.get("naive")
+            ms, naive, primer = answer.get("ms"), answer.get("naive"), answer.get("primer_ms", 0.0)
             if (
                 not isinstance(ms, int | float)
                 or ms < 0
                 or (naive is not None and not isinstance(naive, int | float))
+                or not isinstance(primer, int | float)
+                or primer < 0
             ):
                 raise _Stop("rejected", [_broken("its process answered a timing that is not a number")])
-            if label == "candidate" and ms > span + 1.0:
+            busy = float(ms) + float(primer)  # what the outside clock saw the side's process do
+            if label == "candidate" and busy > span + 1.0:
                 raise _Stop(
                     "rejected",
                     [
@@ -725,10 +730,15 @@ class Evaluation:
                 float(ms),
                 float(naive) if naive is not None else None,
                 span,
+                busy,
                 str(problem) if problem else None,
             )
 
         light = [False]  # True: the reference runs only on drift-check rounds (and spot checks)
+        # Warm-up rounds are primed while timing_primer_ms is set; the first batch's warm-up
+        # figures then decide for the timed rounds of every batch (both sides alike).
+        prime = [config.timing_primer_ms > 0]
+        warm: dict[str, list[float]] = {"reference": [], "candidate": []}
 
         def measure(rounds: int, first: bool) -> tuple[list[float], list[float]]:
             with self.gpu_gate.quiet() if self.gpu_gate is not None else contextlib.nullcontext():
@@ -742,6 +752,8 @@ class Evaluation:
             for round_index in range(warmup + rounds):
                 if round_index == warmup:
                     timed_since = time.monotonic()
+                    if first:
+                        prime[0] = wants_primer(warm, config.timing_primer_ms)
                 # Slow kernels end a batch on time, so that the settle check (and the exclusive
                 # gate's neighbours) come every few seconds, not after `rounds` calls of 100 ms.
                 last = round_index == warmup + rounds - 1 or (
@@ -757,14 +769,14 @@ class Evaluation:
                 keep = timed and (last or self.rng.random() < _SPOT_RATE)
                 # Only the judge is told which rounds are checked; the candidate ships its output
                 # when asked, after its call.
-                message = {"op": "round", "index": index, "moves": moves, "seed": seed}
+                message = {"op": "round", "index": index, "moves": moves, "seed": seed, "prime": prime[0]}
                 messages = {"reference": {**message, "keep": keep}, "candidate": message}
                 both = not light[0] or keep or not timed or (round_index - warmup) % _CHECK_EVERY == 0
                 results = {}
                 for label in order:
                     if both or label == "candidate":
                         results[label] = side(label, messages[label])
-                problem = results["candidate"][3]
+                problem = results["candidate"][4]
                 if problem is None and keep:
                     output = self.name("round")
                     shipped = self.ask({"op": "ship_round", "output": output}).get("problem")
@@ -778,15 +790,18 @@ class Evaluation:
                         )
                 if problem is not None:
                     failed.append((counter[0], problem))
+                if not timed and first:
+                    for label in results:
+                        warm[label].append(results[label][0])
                 if timed:
                     for label in results:
-                        ms, naive, span, _ = results[label]
+                        ms, naive, span, busy, _ = results[label]
                         batch[label].append(ms)
                         total.samples[label].append(ms)
                         if naive is not None:
                             total.naive[label].append(naive)
                         if not keep:
-                            inside[label].append(ms)
+                            inside[label].append(busy)
                             outside[label].append(span)
                 if last:
                     break
@@ -848,6 +863,7 @@ class Evaluation:
             "speedup_ci": [estimate.low, estimate.high] if speedup is not None else None,
             "speedup_cv": estimate.bucket_cv,
             "timing_batches": timed.batches,
+            "timing_primed": prime[0],
             "reference_timing": reuse,
         }
 

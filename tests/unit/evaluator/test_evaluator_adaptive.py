@@ -238,3 +238,56 @@ def test_timed_calls_run_on_one_cpu_and_correctness_calls_do_not() -> None:
     assert R.CACHED_OUTPUT in R.codes(pinned.reasons), pinned.reasons
     free = slow_pair(WRONG_WHEN_PINNED, **quick, pin_timing=False)
     assert free.verdict == Verdict.CORRECT, free.reasons
+
+
+# ---------------------------------------------------------------- the primer before short calls
+
+# Wrong in a pinned (timed) call unless the call before it repeated the values of the call before
+# that: that is, unless a primer on the last round's values came right before it.
+WRONG_UNLESS_PRIMED = C.SLOW_TASK_FAST.replace(
+    "        return torch.tanh(x @ w)",
+    "        out = torch.tanh(x @ w)\n"
+    "        import os\n"
+    "        key = hash(x.numpy().tobytes())\n"
+    "        warm = getattr(self, 'repeated', False)\n"
+    "        self.repeated = key == getattr(self, 'last', None)\n"
+    "        self.last = key\n"
+    "        return out if warm or len(os.sched_getaffinity(0)) > 1 else torch.zeros_like(out)",
+)
+
+# Wrong in a pinned call on the values its last call saw: a primer on this round's values (a
+# primer that could cache the timed call's answer) would make every timed call wrong.
+WRONG_ON_REPEATED_VALUES = C.SLOW_TASK_FAST.replace(
+    "        return torch.tanh(x @ w)",
+    "        out = torch.tanh(x @ w)\n"
+    "        import os\n"
+    "        key = hash(x.numpy().tobytes())\n"
+    "        repeated, self.last = key == getattr(self, 'last', None), key\n"
+    "        return torch.zeros_like(out) if repeated and len(os.sched_getaffinity(0)) == 1 else out",
+)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="the candidates tell timed calls by pinning")
+def test_each_timed_call_follows_a_primer_on_the_last_rounds_values() -> None:
+    quick: dict[str, Any] = {"correctness_trials": 1, "timing_trials": 5, "max_speedup_cv": None}
+    primed = slow_pair(WRONG_UNLESS_PRIMED, **quick)
+    assert primed.verdict == Verdict.CORRECT, primed.reasons
+    unprimed = slow_pair(WRONG_UNLESS_PRIMED, **quick, timing_primer_ms=0)
+    assert unprimed.verdict == Verdict.REJECTED, unprimed.reasons
+    assert R.CACHED_OUTPUT in R.codes(unprimed.reasons), unprimed.reasons
+    repeated = slow_pair(WRONG_ON_REPEATED_VALUES, **quick)
+    # The primer never sees the values its timed call is given.
+    assert repeated.verdict == Verdict.CORRECT, repeated.reasons
+
+
+def test_a_slower_candidate_is_not_taken_for_a_forged_clock_by_its_primers() -> None:
+    """Each side's round takes its primer and its timed call: the outside clock counts both, so
+    a candidate slower than its reference (here by 2 ms a call) is no `clock-mismatch`."""
+    slower = C.SLOW_TASK_FAST.replace(
+        "        return torch.tanh(x @ w)",
+        "        import time\n        time.sleep(0.002)\n        return torch.tanh(x @ w)",
+    )
+    result = slow_pair(slower, correctness_trials=1, timing_trials=40, timing_retries=0, max_speedup_cv=None)
+    assert result.verdict == Verdict.CORRECT, result.reasons
+    assert R.CLOCK_MISMATCH not in R.codes(result.reasons)
+    assert result.speedup is not None and result.speedup < 1
