@@ -270,12 +270,12 @@ WRONG_ON_REPEATED_VALUES = C.SLOW_TASK_FAST.replace(
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="the candidates tell timed calls by pinning")
 def test_each_timed_call_follows_a_primer_on_the_last_rounds_values() -> None:
     quick: dict[str, Any] = {"correctness_trials": 1, "timing_trials": 5, "max_speedup_cv": None}
-    primed = slow_pair(WRONG_UNLESS_PRIMED, **quick)
+    primed = slow_pair(WRONG_UNLESS_PRIMED, **quick, timing_primer_ms=20)
     assert primed.verdict == Verdict.CORRECT, primed.reasons
     unprimed = slow_pair(WRONG_UNLESS_PRIMED, **quick, timing_primer_ms=0)
     assert unprimed.verdict == Verdict.REJECTED, unprimed.reasons
     assert R.CACHED_OUTPUT in R.codes(unprimed.reasons), unprimed.reasons
-    repeated = slow_pair(WRONG_ON_REPEATED_VALUES, **quick)
+    repeated = slow_pair(WRONG_ON_REPEATED_VALUES, **quick, timing_primer_ms=20)
     # The primer never sees the values its timed call is given.
     assert repeated.verdict == Verdict.CORRECT, repeated.reasons
 
@@ -287,7 +287,8 @@ def test_a_slower_candidate_is_not_taken_for_a_forged_clock_by_its_primers() -> 
         "        return torch.tanh(x @ w)",
         "        import time\n        time.sleep(0.002)\n        return torch.tanh(x @ w)",
     )
-    result = slow_pair(slower, correctness_trials=1, timing_trials=40, timing_retries=0, max_speedup_cv=None)
+    quick: dict[str, Any] = {"correctness_trials": 1, "timing_trials": 40, "timing_retries": 0}
+    result = slow_pair(slower, **quick, max_speedup_cv=None, timing_primer_ms=20)
     assert result.verdict == Verdict.CORRECT, result.reasons
     assert R.CLOCK_MISMATCH not in R.codes(result.reasons)
     assert result.speedup is not None and result.speedup < 1
