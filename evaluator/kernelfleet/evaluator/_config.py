@@ -181,8 +181,8 @@ class EvalConfig(EvaluationSettings):
         "of both sides is preceded by one untimed call of the same model on the last round's input values "
         "(never the values it is timed on): the timed call then starts warm, as KernelBench's back-to-back "
         "calls do, instead of after a wait for the other side's turn, which on the H200 made a 0.1 ms "
-        "matmul time 0.17-0.29 ms. Off by default: side by side on the H200 it lowered small kernels' medians "
-        "but not the disagreement of re-timings (p90 4.0% primed, 3.6% not, 29 pairs). 0: never "
+        "matmul time 0.17-0.29 ms. Off by default: side by side on the H200 it lowered small kernels' "
+        "medians but not the disagreement of re-timings (p90 4.0% primed, 3.6% not, 29 pairs). 0: never "
         "(docs/evaluator.md).",
     )
     exclusive_timing: bool = Field(
