@@ -863,7 +863,6 @@ class Evaluation:
             "speedup_ci": [estimate.low, estimate.high] if speedup is not None else None,
             "speedup_cv": estimate.bucket_cv,
             "timing_batches": timed.batches,
-            "timing_primed": prime[0],
             "reference_timing": reuse,
         }
 
