@@ -612,6 +612,7 @@ def repeat_settings(args: argparse.Namespace) -> list[EvalConfig]:
         "timeout_seconds": args.task_timeout,
         "compile_timeout_s": args.task_timeout,
         "lane_slots": args.lane_slots,
+        "keep_samples": True,  # every timed call, for re-analysis (benchmarks/timing_estimators.py)
         **no_reuse,
     }
     return [EvalConfig(**{**base, **overrides}) for overrides in args.repeat_config]
@@ -623,19 +624,51 @@ def part_repeat(
     """The published kernels in file order are screened (evaluated once, under the first
     setting) until --repeat-tasks of them are correct and timed; each of those is then timed
     again in fresh processes: a second time under the first setting, twice under every other.
-    All of it goes through one Evaluator, the settings interleaved candidate by candidate, so
-    they compare side by side under the same load. One report per setting."""
+
+    Interleaved (the default), all of it goes through one Evaluator, the settings interleaved
+    candidate by candidate, so they compare side by side under the same load. With
+    --repeat-separate each setting has an Evaluator and a cold build cache of its own, one after
+    another, each screening the rows the first one screened: for settings that shape the whole
+    machine's load (reserve_timing_cpu), which interleaving would mix. One report per setting."""
     settings = repeat_settings(args)
+    if not args.repeat_separate:
+        return repeat_run(workload, args, settings, list(args.repeat_config), budget, None)
+    deadline = time.monotonic() + budget
+    runs: list[dict[str, Any]] = []
+    rows: tuple[int, int] | None = None
+    for number, setting in enumerate(settings):
+        share = (deadline - time.monotonic()) / (len(settings) - number)
+        with tempfile.TemporaryDirectory(prefix="kernelfleet-repeat-cache-") as cache:
+            cold = setting.model_copy(update={"cache_dir": cache})
+            run = repeat_run(workload, args, [cold], [args.repeat_config[number]], share, rows)[0]
+        rows = rows or (run["screened"]["rows"][0], run["screened"]["rows"][1])
+        runs.append(run)
+    return runs
+
+
+def repeat_run(
+    workload: list[tuple[Task, str, str]],
+    args: argparse.Namespace,
+    settings: list[EvalConfig],
+    overrides: list[dict[str, str]],
+    budget: float,
+    rows_given: tuple[int, int] | None,
+) -> list[dict[str, Any]]:
+    """One Evaluator screens rows (those of `rows_given`, else from --repeat-from until
+    --repeat-tasks are correct) under settings[0] and re-times the correct ones under every
+    setting, interleaved; one report per setting."""
     deadline = time.monotonic() + budget
     queued = 2 * args.lane_slots + 2  # screenings in flight: enough to keep the pipeline fed
     screens: dict[int, EvaluationResult | None] = {}
     retimes: dict[int, list[concurrent.futures.Future[EvaluationResult]]] = {}
+    first_row, last_row = rows_given or (args.repeat_from, len(workload))
+    wanted = len(workload) if rows_given else args.repeat_tasks
     with UtilizationSampler() as util, Evaluator(settings[0]) as evaluator:
-        rows = itertools.islice(enumerate(workload), args.repeat_from, None)
+        rows = itertools.islice(enumerate(workload), first_row, last_row)
         screening: dict[concurrent.futures.Future[EvaluationResult], int] = {}
 
         def screen_more() -> None:
-            while len(screening) < queued and len(retimes) + len(screening) < args.repeat_tasks:
+            while len(screening) < queued and len(retimes) + len(screening) < wanted:
                 index, (task, code, _) = next(rows, (-1, (None, "", "")))
                 if task is None:
                     return
@@ -665,17 +698,17 @@ def part_repeat(
         pairs = []
         for index, later in results.items():
             pair = [screens[index], later[0]] if number == 0 else later[2 * number - 1 : 2 * number + 1]
-            pairs.append(repeat_row(workload[index][2], pair[0], pair[1]))
-        overrides = args.repeat_config[number]
+            pairs.append({"row": index, **repeat_row(workload[index][2], pair[0], pair[1])})
         screened = Counter(str(r.verdict) if r else "not evaluated" for r in screens.values())
         runs.append(
             summarise_repeat(
                 pairs,
-                settings={"lane_slots": setting.lane_slots, **{k: getattr(setting, k) for k in overrides}},
+                settings=named_settings(setting, overrides[number]),
                 screened={
                     "candidates": len(screens),
                     "verdicts": dict(screened),
-                    "rows": [args.repeat_from, max(screens, default=args.repeat_from - 1) + 1],
+                    "rows": [first_row, max(screens, default=first_row - 1) + 1],
+                    "by_row": {str(i): str(r.verdict) if r else "not evaluated" for i, r in screens.items()},
                 },
             )
         )
@@ -708,6 +741,8 @@ def repeat_row(name: str, first: EvaluationResult | None, second: EvaluationResu
             reference_iqr=[iqr_share(r.reference) for r in (first, second) if r is not None],
             candidate_iqr=[iqr_share(r.candidate) for r in (first, second) if r is not None],
             disagreement=round(abs(ratios[0] / ratios[1] - 1), 4),
+            timing_s=[round(r.stages.get("timing", 0.0), 2) for r in (first, second) if r is not None],
+            samples=[samples_of(r) for r in (first, second) if r is not None],
         )
     else:
         row["verdicts"] = [str(r.verdict) if r else "not evaluated" for r in (first, second)]
@@ -718,6 +753,19 @@ def repeat_row(name: str, first: EvaluationResult | None, second: EvaluationResu
         if r is not None and not r.speedup
     ]
     return row
+
+
+def named_settings(setting: EvalConfig, overrides: dict[str, str]) -> dict[str, Any]:
+    return {"lane_slots": setting.lane_slots, **{k: getattr(setting, k) for k in overrides}}
+
+
+def samples_of(result: EvaluationResult) -> dict[str, list[float]]:
+    """Both sides' timed calls in order (ms, 4 decimals), when the evaluator kept them."""
+    return {
+        side: [round(v, 4) for v in (timing.samples_ms or [])]
+        for side, timing in (("reference", result.reference), ("candidate", result.candidate))
+        if timing is not None
+    }
 
 
 def summarise_repeat(rows: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
@@ -731,6 +779,9 @@ def summarise_repeat(rows: list[dict[str, Any]], **extra: Any) -> dict[str, Any]
         "p50_disagreement_50us_and_up": quantile(big, 0.5),
         "p90_disagreement_50us_and_up": quantile(big, 0.9),
         "p90_disagreement_all": quantile(every, 0.9),
+        "timing_seconds_per_evaluation": quantile(
+            [t for r in rows if "disagreement" in r for t in r.get("timing_s", [])], 0.5
+        ),
         "rows": rows,
     }
 
@@ -936,7 +987,9 @@ def markdown(report: dict[str, Any]) -> str:
             f"{r['p50_disagreement_50us_and_up']}, p90 {r['p90_disagreement_50us_and_up']} "
             f"(all {r['timed_pairs']} "
             f"timed: p90 {r['p90_disagreement_all']}); nvidia-smi mean "
-            f"{cell(r.get('nvidia_smi_mean_utilization_pct'))}%{clock_note(r.get('nvidia_smi_sm_clock_mhz'))}.",
+            f"{cell(r.get('nvidia_smi_mean_utilization_pct'))}%"
+            f"{clock_note(r.get('nvidia_smi_sm_clock_mhz'))}; "
+            f"timing seconds per evaluation (median) {cell(r.get('timing_seconds_per_evaluation'))}.",
             "",
             "| task | first | second | disagreement | candidate ms | reference IQR/median "
             "| candidate IQR/median |",
@@ -952,6 +1005,25 @@ def markdown(report: dict[str, Any]) -> str:
                 )
         lines.append("")
     return "\n".join(lines)
+
+
+def split_samples(report: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The report without the repeat rows' timed calls, and those calls per run: [{settings,
+    rows: [{task, row, candidate_ms, samples: [first, second]}]}]."""
+    plain = {**report}
+    runs: list[dict[str, Any]] = []
+    if "repeat" in report:
+        plain["repeat"] = []
+        for run in report["repeat"]:
+            rows = [{k: v for k, v in row.items() if k != "samples"} for row in run["rows"]]
+            plain["repeat"].append({**run, "rows": rows})
+            timed = [
+                {k: row[k] for k in ("task", "row", "candidate_ms", "samples") if k in row}
+                for row in run["rows"]
+                if row.get("samples")
+            ]
+            runs.append({"settings": run.get("settings", {}), "rows": timed})
+    return plain, [run for run in runs if run["rows"]]
 
 
 def config_overrides(text: str) -> dict[str, str]:
@@ -997,6 +1069,12 @@ def main() -> int:
         help="EvalConfig fields for the repeat part, e.g. lane_slots=1,compile_workers=1; several "
         "settings separated by ';' run side by side",
     )
+    parser.add_argument(
+        "--repeat-separate",
+        action="store_true",
+        help="each --repeat-config setting in an Evaluator (and cold build cache) of its own, one after "
+        "another over the same rows, instead of interleaved in one",
+    )
     parser.add_argument("--variant-tasks", type=int, default=8, help="tasks in the variants part")
     parser.add_argument("--variants", type=int, default=4, help="candidates per task in the variants part")
     parser.add_argument("--trials", type=int, default=100)
@@ -1025,9 +1103,16 @@ def main() -> int:
     report: dict[str, Any] = {"environment": environment(args.device), "arguments": arguments}
     cuda = args.device.startswith("cuda") and report["environment"]["gpu_class"] != "cpu"
 
+    samples_path = out_dir / f"reward_service-{stamp}{suffix}-samples.json"
+
     def save() -> None:
-        json_path.write_text(json.dumps(report, indent=1) + "\n")
+        # Timed calls go to a compact file of their own; the report keeps the figures.
+        plain, samples = split_samples(report)
+        json_path.write_text(json.dumps(plain, indent=1) + "\n")
         md_path.write_text(markdown(report) + "\n")
+        if samples:
+            calls = {"environment": report["environment"], "runs": samples}
+            samples_path.write_text(json.dumps(calls) + "\n")
 
     def saved_throughput(part: dict[str, Any]) -> None:
         report["throughput"] = part

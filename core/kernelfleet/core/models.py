@@ -53,6 +53,11 @@ class Timing(Frozen):
     max_ms: float
     iqr_ms: float = Field(description="Interquartile range: the spread that the variance gate reads.")
     trials: int
+    samples_ms: list[float] | None = Field(
+        default=None,
+        description="Every timed call in the order it was made, when the evaluator keeps them "
+        "(EvalConfig.keep_samples); None otherwise.",
+    )
 
 
 class Environment(Frozen):

@@ -174,6 +174,19 @@ class EvalConfig(EvaluationSettings):
         "On the H200, re-timing in a fresh process agreed within 3.4% at p90 pinned and 21-31% unpinned "
         "(docs/evaluator.md).",
     )
+    reserve_timing_cpu: bool = Field(
+        default=True,
+        description="With pin_timing, the timing CPUs are kept for timing: every sandboxed process (builds "
+        "and their compilers, loading, correctness, the other slots) runs on the other CPUs, and only a "
+        "side's timing thread, while it times, on its device's. Without it the compilers and neighbours "
+        "the scheduler puts there interrupt the timed calls. Applies where at least "
+        "2 CPUs are left for the rest (docs/evaluator.md).",
+    )
+    keep_samples: bool = Field(
+        default=False,
+        description="Keep every timed call's milliseconds in the result (Timing.samples_ms), for plots and "
+        "for re-analysing a timing; off by default, because results are stored and cached.",
+    )
     timing_primer_ms: float = Field(
         default=0.0,
         ge=0,

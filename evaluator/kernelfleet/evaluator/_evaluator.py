@@ -61,7 +61,8 @@ def _torch_version() -> str:
         return ""
 
 
-def timing_from(samples: Sequence[float]) -> Timing:
+def timing_from(samples: Sequence[float], keep: bool = False) -> Timing:
+    """A timing's summary; with `keep`, the samples themselves too (in the order timed)."""
     s = stats(list(samples))
     return Timing(
         median_ms=s.median_ms,
@@ -70,7 +71,21 @@ def timing_from(samples: Sequence[float]) -> Timing:
         max_ms=s.max_ms,
         iqr_ms=s.iqr_ms,
         trials=s.trials,
+        samples_ms=[float(v) for v in samples] if keep else None,
     )
+
+
+# Fewest CPUs left for everything but timing (builds, loading, correctness) before the timing
+# CPUs are kept for timing: on a 2-CPU machine one CPU for all the rest would cost more than
+# the steadier timing gains.
+_SHARED_CPUS_FLOOR = 2
+
+
+def untimed_cpus(allowed: Iterable[int], timing: Iterable[int]) -> tuple[int, ...]:
+    """The CPUs sandboxed processes start on when the timing CPUs are kept for timing: all the
+    allowed ones but those; () (no restriction) when fewer than `_SHARED_CPUS_FLOOR` would be left."""
+    rest = tuple(sorted(set(allowed) - set(timing)))
+    return rest if len(rest) >= _SHARED_CPUS_FLOOR else ()
 
 
 class TaskError(UsageError):
@@ -374,7 +389,9 @@ class Evaluator:
             # source: no other code's build is there), and may touch it there.
             write=(env["TORCH_EXTENSIONS_DIR"],) if "TORCH_EXTENSIONS_DIR" in env else (),
         )
-        judge = Walls(seccomp=report.seccomp)
+        cpus = self._untimed_cpus(config)
+        candidate = dataclasses.replace(candidate, cpus=cpus)
+        judge = Walls(seccomp=report.seccomp, cpus=cpus)
         child_env = dict(env)
         if lane is not None and lane.visible is not None:
             child_env["CUDA_VISIBLE_DEVICES"] = lane.visible
@@ -642,8 +659,8 @@ class Evaluator:
         speedup = answer.get("speedup")
         interval = answer.get("speedup_ci")
         if answer.get("reference_ms"):
-            reference = timing_from(answer["reference_ms"])
-            candidate = timing_from(answer["candidate_ms"])
+            reference = timing_from(answer["reference_ms"], config.keep_samples)
+            candidate = timing_from(answer["candidate_ms"], config.keep_samples)
         if verdict == "correct" and speedup is not None and self._needs_recheck(speedup, config):
             begin = time.monotonic()
             recheck = self._child(item, lane, reuse=False)
@@ -678,8 +695,8 @@ class Evaluator:
                 if again < speedup:
                     speedup = again
                     interval = second.get("speedup_ci")
-                    reference = timing_from(second["reference_ms"])
-                    candidate = timing_from(second["candidate_ms"])
+                    reference = timing_from(second["reference_ms"], config.keep_samples)
+                    candidate = timing_from(second["candidate_ms"], config.keep_samples)
         return self._result(
             item,
             lane,
@@ -757,6 +774,17 @@ class Evaluator:
         """On the CPU the timed call's own threads do the work: one CPU holds them only when
         there is one (pinning the timing thread pins the threads it starts too)."""
         return config.pin_timing and (lane.visible is not None or config.cpu_threads == 1)
+
+    def _untimed_cpus(self, config: EvalConfig) -> tuple[int, ...]:
+        """Where sandboxed processes run under `reserve_timing_cpu`: off every lane's timing CPU
+        (a build for one device must not land on another's timing CPU either); () anywhere,
+        also for the GPU probe that finds the lanes."""
+        if not config.reserve_timing_cpu or self._lanes is None:
+            return ()
+        lanes = [lane for lane in self._lanes if self._pins_timing(config, lane)]
+        if not lanes:
+            return ()
+        return untimed_cpus(os.sched_getaffinity(0), {lane.timing_cpu for lane in lanes})
 
     def _lane_slots(self) -> int:
         if self.config.lane_slots is not None:

@@ -53,6 +53,7 @@ REQUEST_OPTIONS = frozenset(
         "timeout_seconds",
         "speedup_recheck",
         "timing_precision",
+        "keep_samples",
     }
 )
 MAX_BODY = 8 * 1024 * 1024

@@ -14,7 +14,9 @@ import pytest
 
 from kernelfleet.core.models import EvaluationResult, Task, Verdict
 from kernelfleet.evaluator import EvalConfig, Evaluator
+from kernelfleet.evaluator import _evaluator as evaluator_module
 from kernelfleet.evaluator import reasons as R
+from kernelfleet.evaluator._evaluator import untimed_cpus
 from kernelfleet.evaluator._timing import AdaptiveTiming, adaptive_timing, decide, speedup_interval
 from tests.support import evaluator_cases as C
 
@@ -238,6 +240,49 @@ def test_timed_calls_run_on_one_cpu_and_correctness_calls_do_not() -> None:
     assert R.CACHED_OUTPUT in R.codes(pinned.reasons), pinned.reasons
     free = slow_pair(WRONG_WHEN_PINNED, **quick, pin_timing=False)
     assert free.verdict == Verdict.CORRECT, free.reasons
+
+
+# Wrong in any call that may run on the timing CPU beside other CPUs: under reserve_timing_cpu,
+# loading and correctness run off it, and timed calls on it alone.
+TIMING_CPU = max(os.sched_getaffinity(0))
+WRONG_BESIDE_THE_TIMING_CPU = C.SLOW_TASK_FAST.replace(
+    "        return torch.tanh(x @ w)",
+    "        out = torch.tanh(x @ w)\n"
+    "        import os\n"
+    "        cpus = os.sched_getaffinity(0)\n"
+    f"        return torch.zeros_like(out) if {TIMING_CPU} in cpus and len(cpus) > 1 else out",
+)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one CPU cannot be kept for timing")
+def test_the_timing_cpu_is_kept_for_timed_calls(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sandboxed processes start off the timing CPU and only a timing thread goes there; with
+    reserve_timing_cpu off they run anywhere. (CI's two CPUs are below the floor that keeps one
+    for timing, so the floor is lowered here.)"""
+    monkeypatch.setattr(evaluator_module, "_SHARED_CPUS_FLOOR", 1)
+    quick: dict[str, Any] = {"correctness_trials": 2, "timing_trials": 5, "max_speedup_cv": None}
+    kept = slow_pair(WRONG_BESIDE_THE_TIMING_CPU, **quick)
+    assert kept.verdict == Verdict.CORRECT, kept.reasons
+    assert kept.speedup is not None
+    shared = slow_pair(WRONG_BESIDE_THE_TIMING_CPU, **quick, reserve_timing_cpu=False)
+    assert shared.verdict == Verdict.INCORRECT, shared.reasons
+
+
+def test_cpus_are_kept_for_timing_only_where_enough_are_left() -> None:
+    assert untimed_cpus(range(16), {15}) == tuple(range(15))
+    assert untimed_cpus({0, 1, 2, 3}, {3, 2}) == (0, 1)
+    assert untimed_cpus({0, 1}, {1}) == ()  # one CPU for all the rest: left shared
+    assert untimed_cpus({4, 5, 6}, {9}) == (4, 5, 6)  # a timing CPU it may not use takes nothing
+
+
+def test_a_result_keeps_its_samples_when_asked() -> None:
+    result = slow_pair(correctness_trials=1, timing_trials=7, timing_retries=0, keep_samples=True)
+    assert result.reference is not None and result.candidate is not None, result.reasons
+    for timing in (result.reference, result.candidate):
+        assert timing.samples_ms is not None and len(timing.samples_ms) == timing.trials == 7
+        assert sorted(timing.samples_ms)[3] == pytest.approx(timing.median_ms)
+    plain = slow_pair(correctness_trials=1, timing_trials=7, timing_retries=0)
+    assert plain.reference is not None and plain.reference.samples_ms is None
 
 
 # ---------------------------------------------------------------- the primer before short calls

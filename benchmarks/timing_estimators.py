@@ -1,0 +1,161 @@
+"""How well do two fresh processes agree on a speedup, estimator by estimator? (issue 11)
+
+Reads the timed calls that `benchmarks/reward_service.py`'s repeat part keeps
+(`reward_service-<date>[-<tag>]-samples.json`: per run, per candidate, both evaluations' reference
+and candidate milliseconds, round by round) and computes, for each estimator of the speedup, the
+disagreement of the two evaluations |s1/s2 - 1| at the 50th and 90th percentile over candidates
+of 50 us and more. Every estimator sees the same calls, so the comparison is side by side by
+construction: only the statistic differs. For each it also gives the median 95% bootstrap half
+width (paired rounds resampled together), and how often the two evaluations' intervals overlap.
+
+    python benchmarks/timing_estimators.py benchmarks/results/reward_service-2026-12-03-x-samples.json
+
+Writes `timing_estimators-<date>[-<tag>].json` and `.md` into --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+Estimator = Callable[[np.ndarray, np.ndarray], np.ndarray]
+
+
+def trimmed_mean(values: np.ndarray, share: float) -> np.ndarray:
+    """Mean of what is left after cutting `share` off each end, along the last axis."""
+    ordered = np.sort(values, axis=-1)
+    n = ordered.shape[-1]
+    cut = int(share * n)
+    return ordered[..., cut : n - cut].mean(axis=-1)
+
+
+def _log_ratio(ref: np.ndarray, cand: np.ndarray) -> np.ndarray:
+    return np.log(np.maximum(ref, 1e-9)) - np.log(np.maximum(cand, 1e-9))
+
+
+# Each takes the reference and candidate calls, paired round by round along the last axis (a
+# leading axis holds bootstrap resamples), and returns the speedup.
+ESTIMATORS: dict[str, Estimator] = {
+    "median ratio (today)": lambda r, c: np.median(r, axis=-1) / np.median(c, axis=-1),
+    "mean ratio": lambda r, c: r.mean(axis=-1) / c.mean(axis=-1),
+    "10%-trimmed mean ratio": lambda r, c: trimmed_mean(r, 0.1) / trimmed_mean(c, 0.1),
+    "interquartile mean ratio": lambda r, c: trimmed_mean(r, 0.25) / trimmed_mean(c, 0.25),
+    "10th percentile ratio": lambda r, c: np.quantile(r, 0.1, axis=-1) / np.quantile(c, 0.1, axis=-1),
+    "paired median": lambda r, c: np.exp(np.median(_log_ratio(r, c), axis=-1)),
+    "paired interquartile mean": lambda r, c: np.exp(trimmed_mean(_log_ratio(r, c), 0.25)),
+}
+
+
+def interval(
+    ref: np.ndarray, cand: np.ndarray, estimator: Estimator, seed: int
+) -> tuple[float, float, float]:
+    """The estimate and its 95% paired-bootstrap interval (1000 resamples)."""
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, len(cand), size=(1000, len(cand)))
+    resampled = estimator(ref[picks], cand[picks])
+    low, high = np.percentile(resampled, [2.5, 97.5])
+    return float(estimator(ref, cand)), float(low), float(high)
+
+
+def quantile(values: list[float], q: float) -> float | None:
+    return round(float(np.quantile(values, q)), 4) if values else None
+
+
+def analyse_run(run: dict[str, Any], min_ms: float) -> dict[str, Any]:
+    rows = [row for row in run["rows"] if len(row.get("samples", [])) == 2 and row["candidate_ms"] >= min_ms]
+    figures: dict[str, Any] = {}
+    for name, estimator in ESTIMATORS.items():
+        disagreements, half_widths, overlaps = [], [], 0
+        per_task = {}
+        for number, row in enumerate(rows):
+            ends = []
+            for side, evaluation in enumerate(row["samples"]):
+                ref = np.asarray(evaluation["reference"], dtype=np.float64)
+                cand = np.asarray(evaluation["candidate"], dtype=np.float64)
+                n = min(len(ref), len(cand))
+                ends.append(interval(ref[:n], cand[:n], estimator, seed=number * 2 + side))
+            (s1, l1, h1), (s2, l2, h2) = ends
+            disagreement = abs(s1 / s2 - 1)
+            disagreements.append(disagreement)
+            half_widths += [(h1 - l1) / 2 / s1, (h2 - l2) / 2 / s2]
+            overlaps += int(l1 <= h2 and l2 <= h1)
+            per_task[row["task"]] = round(disagreement, 4)
+        figures[name] = {
+            "pairs": len(rows),
+            "p50": quantile(disagreements, 0.5),
+            "p90": quantile(disagreements, 0.9),
+            "max": quantile(disagreements, 1.0),
+            "median_half_width": quantile(half_widths, 0.5),
+            "intervals_overlap": overlaps,
+            "per_task": per_task,
+        }
+    return {"settings": run.get("settings", {}), "estimators": figures}
+
+
+def markdown(report: dict[str, Any]) -> str:
+    lines = [
+        f"# Speedup estimators on the same timed calls, {report['date']}",
+        "",
+        f"Source: {', '.join(report['sources'])} ({report['environment'].get('gpu', '?')}, commit "
+        f"`{report['environment'].get('commit', '?')}`). Disagreement of two fresh-process evaluations "
+        f"|s1/s2 - 1| over candidates of {report['min_ms'] * 1000:g} us and more; half width: the median "
+        "95% paired-bootstrap half width over the evaluations; overlap: pairs whose two intervals overlap.",
+        "",
+    ]
+    for run in report["runs"]:
+        lines += [
+            f"## {run['source']}: {run['settings']}",
+            "",
+            "| estimator | pairs | p50 | p90 | max | half width | intervals overlap |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for name, f in run["estimators"].items():
+            lines.append(
+                f"| {name} | {f['pairs']} | {f['p50']} | {f['p90']} | {f['max']} | {f['median_half_width']} "
+                f"| {f['intervals_overlap']} of {f['pairs']} |"
+            )
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("samples", nargs="+", help="reward_service-...-samples.json files")
+    parser.add_argument("--min-ms", type=float, default=0.05, help="smallest candidate median counted")
+    parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
+    parser.add_argument("--tag", default="")
+    args = parser.parse_args()
+    runs: list[dict[str, Any]] = []
+    environment: dict[str, Any] = {}
+    for path in map(Path, args.samples):
+        data = json.loads(path.read_text())
+        environment = data.get("environment", environment)
+        for run in data["runs"]:
+            runs.append({"source": path.name, **analyse_run(run, args.min_ms)})
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d")
+    report = {
+        "date": stamp,
+        "environment": environment,
+        "sources": [Path(p).name for p in args.samples],
+        "min_ms": args.min_ms,
+        "runs": runs,
+    }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    name = f"timing_estimators-{stamp}{'-' + args.tag if args.tag else ''}"
+    (out / f"{name}.json").write_text(json.dumps(report, indent=1) + "\n")
+    (out / f"{name}.md").write_text(markdown(report) + "\n")
+    print(markdown(report))
+    print(f"wrote {out / name}.json and .md", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
