@@ -143,12 +143,12 @@ class EvalConfig(EvaluationSettings):
         "None: never refuse a speedup for noise.",
     )
     timing_retries: int = Field(
-        default=7,
+        default=15,
         ge=0,
         description="Extra batches of timing_trials rounds taken while the speedup is unsettled.",
     )
     timing_precision: float = Field(
-        default=0.02,
+        default=0.01,
         gt=0,
         description="A speedup is settled when its 95% interval is within this fraction of it.",
     )
@@ -174,18 +174,20 @@ class EvalConfig(EvaluationSettings):
         "On the H200, re-timing in a fresh process agreed within 3.4% at p90 pinned and 21-31% unpinned "
         "(docs/evaluator.md).",
     )
-    reserve_timing_cpu: bool = Field(
-        default=True,
-        description="With pin_timing, the timing CPUs are kept for timing: every sandboxed process (builds "
-        "and their compilers, loading, correctness, the other slots) runs on the other CPUs, and only a "
-        "side's timing thread, while it times, on its device's. Without it the compilers and neighbours "
-        "the scheduler puts there interrupt the timed calls. Applies where at least "
-        "2 CPUs are left for the rest (docs/evaluator.md).",
-    )
     keep_samples: bool = Field(
         default=False,
         description="Keep every timed call's milliseconds in the result (Timing.samples_ms), for plots and "
         "for re-analysing a timing; off by default, because results are stored and cached.",
+    )
+    timing_turn_ms: float = Field(
+        default=1.0,
+        ge=0,
+        description="Each side's turn of a timed round makes as many calls as the faster side's warm-up "
+        "calls fit in this many milliseconds (at most 16), each on values of its own, and counts their "
+        "mean as the round's sample; any one of a turn's outputs may be checked. A round's exchange with "
+        "the two processes costs about 2 ms on the H200, so a 40 us kernel timed once per round is mostly "
+        "overhead, and its calls right after a wait are the noisiest. 0: one call per turn "
+        "(docs/evaluator.md).",
     )
     timing_primer_ms: float = Field(
         default=0.0,

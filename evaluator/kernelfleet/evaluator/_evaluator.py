@@ -75,19 +75,6 @@ def timing_from(samples: Sequence[float], keep: bool = False) -> Timing:
     )
 
 
-# Fewest CPUs left for everything but timing (builds, loading, correctness) before the timing
-# CPUs are kept for timing: on a 2-CPU machine one CPU for all the rest would cost more than
-# the steadier timing gains.
-_SHARED_CPUS_FLOOR = 2
-
-
-def untimed_cpus(allowed: Iterable[int], timing: Iterable[int]) -> tuple[int, ...]:
-    """The CPUs sandboxed processes start on when the timing CPUs are kept for timing: all the
-    allowed ones but those; () (no restriction) when fewer than `_SHARED_CPUS_FLOOR` would be left."""
-    rest = tuple(sorted(set(allowed) - set(timing)))
-    return rest if len(rest) >= _SHARED_CPUS_FLOOR else ()
-
-
 class TaskError(UsageError):
     """The task's reference does not load or run: fix the task, not the candidate."""
 
@@ -389,9 +376,7 @@ class Evaluator:
             # source: no other code's build is there), and may touch it there.
             write=(env["TORCH_EXTENSIONS_DIR"],) if "TORCH_EXTENSIONS_DIR" in env else (),
         )
-        cpus = self._untimed_cpus(config)
-        candidate = dataclasses.replace(candidate, cpus=cpus)
-        judge = Walls(seccomp=report.seccomp, cpus=cpus)
+        judge = Walls(seccomp=report.seccomp)
         child_env = dict(env)
         if lane is not None and lane.visible is not None:
             child_env["CUDA_VISIBLE_DEVICES"] = lane.visible
@@ -774,17 +759,6 @@ class Evaluator:
         """On the CPU the timed call's own threads do the work: one CPU holds them only when
         there is one (pinning the timing thread pins the threads it starts too)."""
         return config.pin_timing and (lane.visible is not None or config.cpu_threads == 1)
-
-    def _untimed_cpus(self, config: EvalConfig) -> tuple[int, ...]:
-        """Where sandboxed processes run under `reserve_timing_cpu`: off every lane's timing CPU
-        (a build for one device must not land on another's timing CPU either); () anywhere,
-        also for the GPU probe that finds the lanes."""
-        if not config.reserve_timing_cpu or self._lanes is None:
-            return ()
-        lanes = [lane for lane in self._lanes if self._pins_timing(config, lane)]
-        if not lanes:
-            return ()
-        return untimed_cpus(os.sched_getaffinity(0), {lane.timing_cpu for lane in lanes})
 
     def _lane_slots(self) -> int:
         if self.config.lane_slots is not None:

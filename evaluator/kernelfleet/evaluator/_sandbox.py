@@ -351,14 +351,10 @@ class Walls:
     file_bytes: int | None = None
     processes: int | None = None
     write: tuple[str, ...] = ()
-    # The CPUs the child starts on; () leaves it where the zygote is. A timing thread may still
-    # pin itself to the timing CPU kept out of this set (EvalConfig.reserve_timing_cpu).
-    cpus: tuple[int, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
             "landlock": self.landlock,
-            "cpus": list(self.cpus),
             "seccomp": self.seccomp,
             "read": read_paths() if self.landlock else [],
             "write": list(self.write),

@@ -117,6 +117,72 @@ class _Clock:
         return (finish - begin) * 1e3, None, out
 
 
+@dataclass
+class Turn:
+    """One side's turn of a timed round: its calls' summed times, and their outputs in order."""
+
+    ms: float = 0.0
+    naive: float | None = None
+    primer_ms: float = 0.0
+    outputs: list[Any] = field(default_factory=list)
+    problem: str | None = None
+
+
+def timed_turn(
+    clock: _Clock,
+    bank: InputBank,
+    buffers: list[Any],
+    flush: torch.Tensor | None,
+    call: Callable[[], Any],
+    calls: list[dict[str, Any]],
+    *,
+    prime: bool = False,
+    inspect: Callable[[Any], str | None] | None = None,
+) -> Turn:
+    """One side's turn: a timed call of `call` for each entry of `calls` ({index, moves, seed}),
+    each on values of its own filled in just before it, after a cache flush, a reseed and a
+    device synchronisation. With `prime`, an untimed call on the values the last timed call saw
+    comes first. The turn's time is the sum of its calls' (so work moved from one call of the
+    turn into another changes nothing); every output is held in `outputs`, because any one of
+    them may be checked afterwards. `inspect` sees each output and ends the turn with a problem."""
+    turn = Turn(primer_ms=clock.prime(call) if prime else 0.0)
+    for spec in calls:
+        moves = [tuple(m) if m is not None else None for m in spec["moves"]]
+        bank.fill(buffers, int(spec["index"]), moves)
+        if flush is not None:
+            flush.zero_()
+        manual_seed(int(spec["seed"]))
+        clock.sync()
+        elapsed, naive, out = clock.measure(call)
+        turn.ms += elapsed
+        if naive is not None:
+            turn.naive = (turn.naive or 0.0) + naive
+        turn.problem = inspect(out) if inspect is not None else None
+        turn.outputs.append(out)
+        del out
+        if turn.problem is not None:
+            break
+    return turn
+
+
+def calls_per_turn(warm: dict[str, list[float]], turn_ms: float, out_bytes: int, held_bytes: int) -> int:
+    """How many timed calls each side makes in one turn: as many of the faster side's warm-up
+    calls as fit in `turn_ms` (at most `MAX_CALLS_PER_TURN`), and no more outputs than fit in
+    `held_bytes` (every output of a turn is held until the turn's check). A round's exchange
+    with the two processes costs about 2 ms on the H200 whatever the kernel, so a 40 us call
+    timed once per round is 2% kernel and 98% overhead; calls after the first of a turn also run
+    warm, as KernelBench's back-to-back calls do. `turn_ms` 0: one call per turn."""
+    medians = [statistics.median(v) for v in warm.values() if v]
+    if turn_ms <= 0 or not medians or min(medians) <= 0:
+        return 1
+    fit = int(turn_ms / min(medians))
+    room = held_bytes // out_bytes if out_bytes > 0 else MAX_CALLS_PER_TURN
+    return max(1, min(MAX_CALLS_PER_TURN, fit, room))
+
+
+MAX_CALLS_PER_TURN = 16
+
+
 def wants_primer(warm: dict[str, list[float]], below_ms: float) -> bool:
     """Whether the timed calls get a primer: when either side's warm-up calls took under
     `below_ms` at the median. A call after a wait starts late by about 0.1 ms (a 0.1 ms matmul

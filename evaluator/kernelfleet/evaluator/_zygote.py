@@ -209,11 +209,6 @@ def _child(
     tempfile.tempdir = str(scratch)
     os.chdir(workdir or scratch)
     walls = request.get("walls") or {}
-    if walls.get("cpus"):
-        # Off the timing CPUs, with everything it starts (compilers, threads): a timing thread
-        # pins itself back onto its own when it times.
-        with contextlib.suppress(OSError, ValueError):
-            os.sched_setaffinity(0, {int(cpu) for cpu in walls["cpus"]})
     limits = walls.get("limits") or {}
     processes = limits.get("processes")
     _confine.apply_limits(

@@ -14,9 +14,7 @@ import pytest
 
 from kernelfleet.core.models import EvaluationResult, Task, Verdict
 from kernelfleet.evaluator import EvalConfig, Evaluator
-from kernelfleet.evaluator import _evaluator as evaluator_module
 from kernelfleet.evaluator import reasons as R
-from kernelfleet.evaluator._evaluator import untimed_cpus
 from kernelfleet.evaluator._timing import AdaptiveTiming, adaptive_timing, decide, speedup_interval
 from tests.support import evaluator_cases as C
 
@@ -242,39 +240,6 @@ def test_timed_calls_run_on_one_cpu_and_correctness_calls_do_not() -> None:
     assert free.verdict == Verdict.CORRECT, free.reasons
 
 
-# Wrong in any call that may run on the timing CPU beside other CPUs: under reserve_timing_cpu,
-# loading and correctness run off it, and timed calls on it alone.
-TIMING_CPU = max(os.sched_getaffinity(0))
-WRONG_BESIDE_THE_TIMING_CPU = C.SLOW_TASK_FAST.replace(
-    "        return torch.tanh(x @ w)",
-    "        out = torch.tanh(x @ w)\n"
-    "        import os\n"
-    "        cpus = os.sched_getaffinity(0)\n"
-    f"        return torch.zeros_like(out) if {TIMING_CPU} in cpus and len(cpus) > 1 else out",
-)
-
-
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one CPU cannot be kept for timing")
-def test_the_timing_cpu_is_kept_for_timed_calls(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Sandboxed processes start off the timing CPU and only a timing thread goes there; with
-    reserve_timing_cpu off they run anywhere. (CI's two CPUs are below the floor that keeps one
-    for timing, so the floor is lowered here.)"""
-    monkeypatch.setattr(evaluator_module, "_SHARED_CPUS_FLOOR", 1)
-    quick: dict[str, Any] = {"correctness_trials": 2, "timing_trials": 5, "max_speedup_cv": None}
-    kept = slow_pair(WRONG_BESIDE_THE_TIMING_CPU, **quick)
-    assert kept.verdict == Verdict.CORRECT, kept.reasons
-    assert kept.speedup is not None
-    shared = slow_pair(WRONG_BESIDE_THE_TIMING_CPU, **quick, reserve_timing_cpu=False)
-    assert shared.verdict == Verdict.INCORRECT, shared.reasons
-
-
-def test_cpus_are_kept_for_timing_only_where_enough_are_left() -> None:
-    assert untimed_cpus(range(16), {15}) == tuple(range(15))
-    assert untimed_cpus({0, 1, 2, 3}, {3, 2}) == (0, 1)
-    assert untimed_cpus({0, 1}, {1}) == ()  # one CPU for all the rest: left shared
-    assert untimed_cpus({4, 5, 6}, {9}) == (4, 5, 6)  # a timing CPU it may not use takes nothing
-
-
 def test_a_result_keeps_its_samples_when_asked() -> None:
     result = slow_pair(correctness_trials=1, timing_trials=7, timing_retries=0, keep_samples=True)
     assert result.reference is not None and result.candidate is not None, result.reasons
@@ -283,6 +248,42 @@ def test_a_result_keeps_its_samples_when_asked() -> None:
         assert sorted(timing.samples_ms)[3] == pytest.approx(timing.median_ms)
     plain = slow_pair(correctness_trials=1, timing_trials=7, timing_retries=0)
     assert plain.reference is not None and plain.reference.samples_ms is None
+
+
+# ---------------------------------------------------------------- several calls per turn
+
+# Right while its correctness is checked and on the first call of each timed turn, wrong on
+# every later call of a turn: it counts its calls from the turn's request in its caller's frames.
+WRONG_AFTER_A_TURNS_FIRST_CALL = C.SLOW_TASK_FAST.replace(
+    "        return torch.tanh(x @ w)",
+    "        out = torch.tanh(x @ w)\n"
+    "        import sys\n"
+    "        frame = sys._getframe(1)\n"
+    "        while frame is not None:\n"
+    "            request = frame.f_locals.get('request')\n"
+    "            if isinstance(request, dict) and request.get('op') == 'round':\n"
+    "                if getattr(self, 'turn', None) is not request:\n"
+    "                    self.turn = request\n"
+    "                    return out\n"
+    "                return torch.zeros_like(out)\n"
+    "            frame = frame.f_back\n"
+    "        return out",
+)
+
+
+def test_turns_of_several_calls_time_correctly_and_check_any_call() -> None:
+    """With turns of 16 calls (timing_turn_ms far above the calls), an honest candidate keeps its
+    verdict and speedup; one wrong on all but the first call of each turn is caught, because the
+    judge may check any call of a turn and the candidate does not know which."""
+    quick: dict[str, Any] = {"correctness_trials": 2, "timing_trials": 30, "max_speedup_cv": None}
+    honest = slow_pair(**quick, timing_turn_ms=1000.0, keep_samples=True)
+    assert honest.verdict == Verdict.CORRECT, honest.reasons
+    assert honest.speedup is not None and honest.candidate is not None
+    lazy = slow_pair(WRONG_AFTER_A_TURNS_FIRST_CALL, **quick, timing_turn_ms=1000.0)
+    assert lazy.verdict == Verdict.REJECTED, lazy.reasons
+    assert R.CACHED_OUTPUT in R.codes(lazy.reasons), lazy.reasons
+    single = slow_pair(WRONG_AFTER_A_TURNS_FIRST_CALL, **quick, timing_turn_ms=0.0)
+    assert single.verdict == Verdict.CORRECT, single.reasons  # one call per turn: never a later call
 
 
 # ---------------------------------------------------------------- the primer before short calls
@@ -314,7 +315,14 @@ WRONG_ON_REPEATED_VALUES = C.SLOW_TASK_FAST.replace(
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="the candidates tell timed calls by pinning")
 def test_each_timed_call_follows_a_primer_on_the_last_rounds_values() -> None:
-    quick: dict[str, Any] = {"correctness_trials": 1, "timing_trials": 5, "max_speedup_cv": None}
+    # One call per turn: in a turn of several, only the first call follows a primer (the later
+    # ones follow a timed call of the turn).
+    quick: dict[str, Any] = {
+        "correctness_trials": 1,
+        "timing_trials": 5,
+        "max_speedup_cv": None,
+        "timing_turn_ms": 0.0,
+    }
     primed = slow_pair(WRONG_UNLESS_PRIMED, **quick, timing_primer_ms=20)
     assert primed.verdict == Verdict.CORRECT, primed.reasons
     unprimed = slow_pair(WRONG_UNLESS_PRIMED, **quick, timing_primer_ms=0)
