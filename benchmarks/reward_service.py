@@ -48,7 +48,8 @@ matching rows in file order until --repeat-tasks are correct.
     python benchmarks/reward_service.py --kernels ... --device cpu --count 3 --repeat-tasks 2 \\
         --modes one-at-a-time,pipeline --trials 5                                   # smoke
 
-Writes `reward_service-<date>[-<tag>].json` and `.md` into --out.
+Writes `reward_service-<date>[-<tag>].json` and `.md` into --out, and with the repeat part every
+timed call it kept in `-samples.json.gz` (benchmarks/timing_estimators.py reads it).
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ import argparse
 import concurrent.futures
 import dataclasses
 import datetime as dt
+import gzip
 import itertools
 import json
 import os
@@ -1111,7 +1113,7 @@ def main() -> int:
     report: dict[str, Any] = {"environment": environment(args.device), "arguments": arguments}
     cuda = args.device.startswith("cuda") and report["environment"]["gpu_class"] != "cpu"
 
-    samples_path = out_dir / f"reward_service-{stamp}{suffix}-samples.json"
+    samples_path = out_dir / f"reward_service-{stamp}{suffix}-samples.json.gz"
 
     def save() -> None:
         # Timed calls go to a compact file of their own; the report keeps the figures.
@@ -1120,7 +1122,7 @@ def main() -> int:
         md_path.write_text(markdown(report) + "\n")
         if samples:
             calls = {"environment": report["environment"], "runs": samples}
-            samples_path.write_text(json.dumps(calls) + "\n")
+            samples_path.write_bytes(gzip.compress(json.dumps(calls).encode(), mtime=0))
 
     def saved_throughput(part: dict[str, Any]) -> None:
         report["throughput"] = part

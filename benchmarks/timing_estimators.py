@@ -1,7 +1,7 @@
 """How well do two fresh processes agree on a speedup, estimator by estimator? (issue 11)
 
 Reads the timed calls that `benchmarks/reward_service.py`'s repeat part keeps
-(`reward_service-<date>[-<tag>]-samples.json`: per run, per candidate, both evaluations' reference
+(`reward_service-<date>[-<tag>]-samples.json`, or gzipped as committed: per run, per candidate, both evaluations' reference
 and candidate milliseconds, round by round) and computes, for each estimator of the speedup, the
 disagreement of the two evaluations |s1/s2 - 1| at the 50th and 90th percentile over candidates
 of 50 us and more. Every estimator sees the same calls, so the comparison is side by side by
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import gzip
 import json
 import sys
 from collections.abc import Callable
@@ -135,7 +136,8 @@ def main() -> int:
     runs: list[dict[str, Any]] = []
     environment: dict[str, Any] = {}
     for path in map(Path, args.samples):
-        data = json.loads(path.read_text())
+        raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+        data = json.loads(raw)
         environment = data.get("environment", environment)
         for run in data["runs"]:
             runs.append({"source": path.name, **analyse_run(run, args.min_ms)})
