@@ -1,8 +1,8 @@
 """How well do two fresh processes agree on a speedup, estimator by estimator? (issue 11)
 
 Reads the timed calls that `benchmarks/reward_service.py`'s repeat part keeps
-(`reward_service-<date>[-<tag>]-samples.json`, or gzipped as committed: per run, per candidate, both evaluations' reference
-and candidate milliseconds, round by round) and computes, for each estimator of the speedup, the
+(`reward_service-<date>[-<tag>]-samples.json.gz`: per run, per candidate, both evaluations'
+reference and candidate milliseconds, round by round) and computes, for each estimator of the speedup, the
 disagreement of the two evaluations |s1/s2 - 1| at the 50th and 90th percentile over candidates
 of 50 us and more. Every estimator sees the same calls, so the comparison is side by side by
 construction: only the statistic differs. For each it also gives the median 95% bootstrap half
