@@ -13,8 +13,7 @@ pass --kernels or set $KERNELFLEET_CUDA_L1_KERNELS). Three parts, each saved as 
     one-at-a-time      the Evaluator with lane_slots=1, compile_workers=1, one candidate at a time;
     pipeline           one `evaluate_batch` with the defaults (lane_slots --lane-slots);
     pipeline-shared-lane  as pipeline with EvalConfig(exclusive_timing=False);
-    pipeline-no-reuse  as pipeline with EvalConfig(reference_reuse=False), when that field exists;
-    pipeline-previous  as pipeline with evaluator 0.5.0's timing (one call per turn, 2% precision).
+    pipeline-no-reuse  as pipeline with EvalConfig(reference_reuse=False), when that field exists.
   Per mode: candidates finished, wall seconds, evaluations per GPU-hour, per-stage seconds,
   timing-lane busy share (over the whole mode and while a candidate waits for a slot),
   nvidia-smi utilisation and verdict counts; then the ratios between modes. A mode runs to
@@ -122,13 +121,6 @@ MODES: dict[str, Mode] = {
             about="one candidate at a time, one process, one build worker",
         ),
         Mode("pipeline", "batch", about="evaluate_batch with the defaults"),
-        Mode(
-            "pipeline-previous",
-            "batch",
-            {"timing_turn_ms": 0.0, "timing_precision": 0.02, "timing_retries": 7},
-            needs_field="timing_turn_ms",
-            about="evaluate_batch with evaluator 0.5.0's timing: one call per turn, settled at 2%",
-        ),
         Mode(
             "pipeline-shared-lane",
             "batch",
@@ -639,7 +631,7 @@ def part_repeat(
     candidate by candidate, so they compare side by side under the same load. With
     --repeat-separate each setting has an Evaluator and a cold build cache of its own, one after
     another, each screening the rows the first one screened: for settings that shape the whole
-    machine's load (reserve_timing_cpu), which interleaving would mix. One report per setting."""
+    machine's load (as keeping a CPU for timing did), which interleaving would mix. One report per setting."""
     settings = repeat_settings(args)
     if not args.repeat_separate:
         return repeat_run(workload, args, settings, list(args.repeat_config), budget, None)

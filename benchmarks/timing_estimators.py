@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from reward_service import quantile  # nearest rank: the repeat part's own p50 and p90
 
 Estimator = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
@@ -65,10 +66,6 @@ def interval(
     return float(estimator(ref, cand)), float(low), float(high)
 
 
-def quantile(values: list[float], q: float) -> float | None:
-    return round(float(np.quantile(values, q)), 4) if values else None
-
-
 def analyse_run(run: dict[str, Any], min_ms: float) -> dict[str, Any]:
     rows = [row for row in run["rows"] if len(row.get("samples", [])) == 2 and row["candidate_ms"] >= min_ms]
     figures: dict[str, Any] = {}
@@ -90,10 +87,10 @@ def analyse_run(run: dict[str, Any], min_ms: float) -> dict[str, Any]:
             per_task[row["task"]] = round(disagreement, 4)
         figures[name] = {
             "pairs": len(rows),
-            "p50": quantile(disagreements, 0.5),
-            "p90": quantile(disagreements, 0.9),
-            "max": quantile(disagreements, 1.0),
-            "median_half_width": quantile(half_widths, 0.5),
+            "p50": quantile(sorted(disagreements), 0.5),
+            "p90": quantile(sorted(disagreements), 0.9),
+            "max": quantile(sorted(disagreements), 1.0),
+            "median_half_width": quantile(sorted(half_widths), 0.5),
             "intervals_overlap": overlaps,
             "per_task": per_task,
         }

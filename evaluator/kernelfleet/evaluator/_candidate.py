@@ -50,7 +50,7 @@ from kernelfleet.evaluator._outputs import (
     poison_free_memory,
     to_device,
 )
-from kernelfleet.evaluator._timing import InputBank, _Clock, pin_timing_thread, timed_turn
+from kernelfleet.evaluator._timing import InputBank, _Clock, pin_timing_thread
 from kernelfleet.evaluator._wire import Channel, ChannelClosed, read_tree, write_tree
 
 for _name in (
@@ -318,45 +318,39 @@ class CandidateSession:
         return {}
 
     def round(self, request: dict[str, Any]) -> dict[str, Any]:
-        """One turn of timed calls. The request does not say whether the judge will check one
-        of the turn's outputs, nor which: all are held until the next turn, and `ship_round`
-        sends the one asked for, after the turn (a candidate that found the request in its
-        caller's frames could otherwise do the work on checked calls only)."""
+        """One timed call. The request does not say whether the judge will check this round's
+        output: the output is held until the next round, and `ship_round` sends it when asked,
+        after the call (a candidate that found the request in its caller's frames could
+        otherwise do the work on checked rounds only)."""
         assert self.bank is not None and self.clock is not None
-        self.kept = None  # the last turn's outputs, freed before this turn's calls
-        buffers, model = self.buffers, self.cand_model
-
-        def inspect(out: Any) -> str | None:
-            if check_materialised(out, self.device):
-                return R.reason(R.LAZY_OUTPUT, "an output during timing was not a plain materialised tensor")
-            return None
-
-        turn = timed_turn(
-            self.clock,
-            self.bank,
-            buffers,
-            self.flush,
-            lambda: model(*buffers),
-            list(request["calls"]),
-            prime=bool(request.get("prime")),
-            inspect=inspect,
-        )
-        answer: dict[str, Any] = {"ms": turn.ms, "naive": turn.naive, "primer_ms": turn.primer_ms}
-        if turn.problem is not None:
-            answer["problem"] = turn.problem
+        self.kept = None  # the last round's output, freed before this round's call
+        buffers = self.buffers
+        model = self.cand_model
+        # The primer sees the values the last timed call saw, never this round's: filled after it.
+        primer_ms = self.clock.prime(lambda: model(*buffers)) if request.get("prime") else 0.0
+        moves = [tuple(m) if m is not None else None for m in request["moves"]]
+        self.bank.fill(self.buffers, int(request["index"]), moves)
+        if self.flush is not None:
+            self.flush.zero_()
+        G.manual_seed(int(request["seed"]))
+        self.clock.sync()
+        elapsed, naive, out = self.clock.measure(lambda: model(*buffers))
+        answer: dict[str, Any] = {"ms": elapsed, "naive": naive, "primer_ms": primer_ms}
+        problems = check_materialised(out, self.device)
+        if problems:
+            answer["problem"] = R.reason(
+                R.LAZY_OUTPUT, "an output during timing was not a plain materialised tensor"
+            )
         else:
-            self.kept = turn.outputs
-        del turn
+            self.kept = out
+        del out
         return answer
 
     def ship_round(self, request: dict[str, Any]) -> dict[str, Any]:
-        """One output of the last turn (`call`, its position), for the judge to compare with
-        the reference's."""
-        kept, self.kept = self.kept, None
-        if not kept:
+        """The last round's output, for the judge to compare with the reference's."""
+        out, self.kept = self.kept, None
+        if out is None:
             raise ValueError("ship_round without a timed round to ship")
-        out = kept[int(request.get("call", -1))]
-        del kept
         if has_poison(out):
             return {
                 "problem": R.reason(

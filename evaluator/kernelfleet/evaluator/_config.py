@@ -143,12 +143,12 @@ class EvalConfig(EvaluationSettings):
         "None: never refuse a speedup for noise.",
     )
     timing_retries: int = Field(
-        default=15,
+        default=7,
         ge=0,
         description="Extra batches of timing_trials rounds taken while the speedup is unsettled.",
     )
     timing_precision: float = Field(
-        default=0.01,
+        default=0.02,
         gt=0,
         description="A speedup is settled when its 95% interval is within this fraction of it.",
     )
@@ -178,16 +178,6 @@ class EvalConfig(EvaluationSettings):
         default=False,
         description="Keep every timed call's milliseconds in the result (Timing.samples_ms), for plots and "
         "for re-analysing a timing; off by default, because results are stored and cached.",
-    )
-    timing_turn_ms: float = Field(
-        default=1.0,
-        ge=0,
-        description="Each side's turn of a timed round makes as many calls as the faster side's warm-up "
-        "calls fit in this many milliseconds (at most 16), each on values of its own, and counts their "
-        "mean as the round's sample; any one of a turn's outputs may be checked. A round's exchange with "
-        "the two processes costs about 2 ms on the H200, so a 40 us kernel timed once per round is mostly "
-        "overhead, and its calls right after a wait are the noisiest. 0: one call per turn "
-        "(docs/evaluator.md).",
     )
     timing_primer_ms: float = Field(
         default=0.0,

@@ -30,7 +30,7 @@ from kernelfleet.evaluator._outputs import (
     identical,
     leaves,
 )
-from kernelfleet.evaluator._timing import InputBank, _Clock, pin_timing_thread, timed_turn
+from kernelfleet.evaluator._timing import InputBank, _Clock, pin_timing_thread
 from kernelfleet.evaluator._wire import Channel, ChannelClosed, MalformedTensors, read_tree, write_tree
 
 _SLACK = 1 << 20
@@ -59,7 +59,6 @@ class JudgeSession:
         self.bank: InputBank | None = None
         self.buffers: list[Any] = []
         self.kept: Any = None
-        self.held: Any = None
         self.flush: torch.Tensor | None = None
         self.clock: _Clock | None = None
         self.output_limit = 0
@@ -178,36 +177,21 @@ class JudgeSession:
         return {"count": count, "numels": self.bank.numels}
 
     def round(self, request: dict[str, Any]) -> dict[str, Any]:
-        """The reference's turn, timed as the candidate's is (its outputs held for the turn
-        too); `keep` names the call whose output the next `check_round` compares."""
         assert self.bank is not None and self.clock is not None
-        self.held = None  # the last turn's outputs, as the candidate's side frees its own
         buffers, model = self.buffers, self.session.ref_model
-
-        def inspect(out: Any) -> None:
-            check_materialised(out, self.session.device)  # the candidate's side does it too: same cost
-
-        turn = timed_turn(
-            self.clock,
-            self.bank,
-            buffers,
-            self.flush,
-            lambda: model(*buffers),
-            list(request["calls"]),
-            prime=bool(request.get("prime")),
-            inspect=inspect,
-        )
-        keep = request.get("keep")
-        if keep is not None:
-            self.kept = clone_tree(turn.outputs[int(keep)])
-        self.held = turn.outputs
-        answer = {"ms": turn.ms, "naive": turn.naive, "primer_ms": turn.primer_ms}
-        if request.get("sizes"):
-            answer["out_bytes"] = sum(
-                t.numel() * t.element_size() for t in leaves(turn.outputs[0]) if isinstance(t, torch.Tensor)
-            )
-        del turn
-        return answer
+        primer_ms = self.clock.prime(lambda: model(*buffers)) if request.get("prime") else 0.0
+        moves = [tuple(m) if m is not None else None for m in request["moves"]]
+        self.bank.fill(self.buffers, int(request["index"]), moves)
+        if self.flush is not None:
+            self.flush.zero_()
+        G.manual_seed(int(request["seed"]))
+        self.clock.sync()
+        elapsed, naive, out = self.clock.measure(lambda: model(*buffers))
+        check_materialised(out, self.session.device)  # the candidate's side does it too: same cost
+        if request.get("keep"):
+            self.kept = clone_tree(out)
+        del out
+        return {"ms": elapsed, "naive": naive, "primer_ms": primer_ms}
 
     def check_round(self, request: dict[str, Any]) -> dict[str, Any]:
         out_c, wrong = self.read_candidate(str(request["output"]))

@@ -47,7 +47,6 @@ from kernelfleet.evaluator._timing import (
     AdaptiveTiming,
     TimingRun,
     adaptive_timing,
-    calls_per_turn,
     decide,
     escaped_work_ms,
     stats,
@@ -61,7 +60,6 @@ _SPOT_RATE = 0.1  # share of timed rounds whose candidate output the judge check
 _CHECK_EVERY = 4  # with a reference bank, the reference is timed on every 4th round: the drift check
 BUILD_NICENESS = 10  # the build pool's processes and compilers; timing and correctness run at 0
 _MIN_BATCH_ROUNDS = 21  # a batch cut short by timing_batch_s still has 3 rounds per time bucket
-_HELD_BYTES = 256 * 1024**2  # outputs one side may hold for a turn of several calls
 
 
 @dataclasses.dataclass(frozen=True)
@@ -708,8 +706,6 @@ class Evaluation:
             span = (time.perf_counter() - begin) * 1e3
             answer = self._judge_answer(raw) if label == "reference" else self._candidate_answer(raw)
             ms, naive, primer = answer.get("ms"), answer.get("naive"), answer.get("primer_ms", 0.0)
-            if label == "reference" and isinstance(answer.get("out_bytes"), int):
-                out_bytes[0] = answer["out_bytes"]  # the judge's word: the reference's output size
             if (
                 not isinstance(ms, int | float)
                 or ms < 0
@@ -739,18 +735,10 @@ class Evaluation:
             )
 
         light = [False]  # True: the reference runs only on drift-check rounds (and spot checks)
-        # Warm-up rounds are primed while timing_primer_ms is set, and make one call per turn;
-        # the first batch's warm-up figures then decide the primer and the calls per turn of
-        # every timed round (both sides alike).
+        # Warm-up rounds are primed while timing_primer_ms is set; the first batch's warm-up
+        # figures then decide for the timed rounds of every batch (both sides alike).
         prime = [config.timing_primer_ms > 0]
-        calls = [1]
-        out_bytes = [0]
         warm: dict[str, list[float]] = {"reference": [], "candidate": []}
-
-        def draw() -> dict[str, Any]:
-            """One call's values: an input set of the bank, a perturbation, a seed."""
-            moves = [[self.rng.randrange(n), self.rng.randrange(n)] if n > 1 else None for n in numels]
-            return {"index": self.rng.randrange(count), "moves": moves, "seed": self.rng.getrandbits(31)}
 
         def measure(rounds: int, first: bool) -> tuple[list[float], list[float]]:
             with self.gpu_gate.quiet() if self.gpu_gate is not None else contextlib.nullcontext():
@@ -766,7 +754,6 @@ class Evaluation:
                     timed_since = time.monotonic()
                     if first:
                         prime[0] = wants_primer(warm, config.timing_primer_ms)
-                        calls[0] = calls_per_turn(warm, config.timing_turn_ms, out_bytes[0], _HELD_BYTES)
                 # Slow kernels end a batch on time, so that the settle check (and the exclusive
                 # gate's neighbours) come every few seconds, not after `rounds` calls of 100 ms.
                 last = round_index == warmup + rounds - 1 or (
@@ -774,16 +761,16 @@ class Evaluation:
                     and time.monotonic() - timed_since >= config.timing_batch_s
                 )
                 counter[0] += 1
-                timed = round_index >= warmup
-                turn = [draw() for _ in range(calls[0] if timed else 1)]
+                index = self.rng.randrange(count)
+                moves = [[self.rng.randrange(n), self.rng.randrange(n)] if n > 1 else None for n in numels]
+                seed = self.rng.getrandbits(31)
                 self.rng.shuffle(order)
+                timed = round_index >= warmup
                 keep = timed and (last or self.rng.random() < _SPOT_RATE)
-                checked = self.rng.randrange(len(turn)) if keep else None
-                # Only the judge is told which rounds, and which call of the turn, are checked;
-                # the candidate ships that output when asked, after its turn.
-                message = {"op": "round", "calls": turn, "prime": prime[0]}
-                sizes = first and round_index == 0
-                messages = {"reference": {**message, "keep": checked, "sizes": sizes}, "candidate": message}
+                # Only the judge is told which rounds are checked; the candidate ships its output
+                # when asked, after its call.
+                message = {"op": "round", "index": index, "moves": moves, "seed": seed, "prime": prime[0]}
+                messages = {"reference": {**message, "keep": keep}, "candidate": message}
                 both = not light[0] or keep or not timed or (round_index - warmup) % _CHECK_EVERY == 0
                 results = {}
                 for label in order:
@@ -792,7 +779,7 @@ class Evaluation:
                 problem = results["candidate"][4]
                 if problem is None and keep:
                     output = self.name("round")
-                    shipped = self.ask({"op": "ship_round", "output": output, "call": checked}).get("problem")
+                    shipped = self.ask({"op": "ship_round", "output": output}).get("problem")
                     if shipped:
                         problem = str(shipped)
                     elif not self.ask_judge({"op": "check_round", "output": output}).get("ok"):
@@ -809,11 +796,10 @@ class Evaluation:
                 if timed:
                     for label in results:
                         ms, naive, span, busy, _ = results[label]
-                        # A sample is the turn's time per call: its calls' sum over their count.
-                        batch[label].append(ms / len(turn))
-                        total.samples[label].append(ms / len(turn))
+                        batch[label].append(ms)
+                        total.samples[label].append(ms)
                         if naive is not None:
-                            total.naive[label].append(naive / len(turn))
+                            total.naive[label].append(naive)
                         if not keep:
                             inside[label].append(busy)
                             outside[label].append(span)

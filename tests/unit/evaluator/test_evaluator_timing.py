@@ -16,15 +16,12 @@ from kernelfleet.evaluator._timing import (
     InputBank,
     Subject,
     TimingRun,
-    _Clock,
     bucket_speedups,
-    calls_per_turn,
     coefficient_of_variation,
     escaped_work_ms,
     pin_timing_thread,
     run_timing,
     stats,
-    timed_turn,
     wants_primer,
 )
 
@@ -164,35 +161,3 @@ def test_the_primer_rule_times_both_sides_alike() -> None:
     assert not wants_primer({"reference": [30.0, 31.0], "candidate": [25.0, 26.0]}, 20.0)
     assert wants_primer({"reference": [], "candidate": []}, 20.0)  # no figures yet: primed
     assert not wants_primer({"reference": [0.1]}, 0.0)  # off
-
-
-def test_calls_per_turn_fill_the_turn_within_their_bounds() -> None:
-    warm = {"reference": [0.4, 0.5, 0.6], "candidate": [0.04, 0.05, 0.06]}
-    assert calls_per_turn(warm, 1.0, 1024, 2**20) == 16  # 20 of the faster side's calls, capped
-    assert calls_per_turn(warm, 0.2, 1024, 2**20) == 4
-    assert calls_per_turn(warm, 1.0, 2**19, 2**20) == 2  # no more held outputs than fit
-    assert calls_per_turn(warm, 0.0, 1024, 2**20) == 1  # off
-    assert calls_per_turn({"reference": [5.0], "candidate": [3.0]}, 1.0, 1024, 2**20) == 1
-    assert calls_per_turn({"reference": [], "candidate": []}, 1.0, 1024, 2**20) == 1
-
-
-def test_a_turn_counts_every_call_and_holds_every_output() -> None:
-    """Work moved from one call of a turn into another is still counted: the turn's time is the
-    sum of its calls', and each call sees its own values."""
-    import time
-
-    bank = InputBank([[torch.arange(8.0)], [torch.arange(8.0) + 100]])
-    buffers = [torch.zeros(8)]
-    seen: list[float] = []
-
-    def call() -> torch.Tensor:
-        if not seen:
-            time.sleep(0.02)  # the whole turn's work, done in its first call
-        seen.append(float(buffers[0].sum()))
-        return buffers[0].clone()
-
-    calls = [{"index": i % 2, "moves": [None], "seed": i} for i in range(4)]
-    turn = timed_turn(_Clock(torch.device("cpu")), bank, buffers, None, call, calls)
-    assert turn.ms >= 20.0 and turn.problem is None
-    assert seen == [28.0, 828.0, 28.0, 828.0]
-    assert [float(o.sum()) for o in turn.outputs] == seen
