@@ -56,21 +56,26 @@ ESTIMATORS: dict[str, Estimator] = {
 
 
 def interval(
-    ref: np.ndarray, cand: np.ndarray, estimator: Estimator, seed: int
+    ref: np.ndarray, cand: np.ndarray, estimator: Estimator, seed: int, block: int = 1
 ) -> tuple[float, float, float]:
-    """The estimate and its 95% paired-bootstrap interval (1000 resamples)."""
+    """The estimate and its 95% paired-bootstrap interval (1000 resamples), resampling runs of
+    `block` consecutive rounds (1: single rounds, as the evaluator does): rounds close in time
+    share a slow or fast spell, which single-round resampling takes for independent evidence."""
+    n = len(cand)
+    block = max(1, min(block, n))
     rng = np.random.default_rng(seed)
-    picks = rng.integers(0, len(cand), size=(1000, len(cand)))
+    starts = rng.integers(0, n - block + 1, size=(1000, -(-n // block)))
+    picks = (starts[:, :, None] + np.arange(block)).reshape(1000, -1)[:, :n]
     resampled = estimator(ref[picks], cand[picks])
     low, high = np.percentile(resampled, [2.5, 97.5])
     return float(estimator(ref, cand)), float(low), float(high)
 
 
-def analyse_run(run: dict[str, Any], min_ms: float) -> dict[str, Any]:
+def analyse_run(run: dict[str, Any], min_ms: float, block: int) -> dict[str, Any]:
     rows = [row for row in run["rows"] if len(row.get("samples", [])) == 2 and row["candidate_ms"] >= min_ms]
     figures: dict[str, Any] = {}
     for name, estimator in ESTIMATORS.items():
-        disagreements, half_widths, overlaps = [], [], 0
+        disagreements, half_widths, overlaps, scores = [], [], 0, []
         per_task = {}
         for number, row in enumerate(rows):
             ends = []
@@ -78,12 +83,16 @@ def analyse_run(run: dict[str, Any], min_ms: float) -> dict[str, Any]:
                 ref = np.asarray(evaluation["reference"], dtype=np.float64)
                 cand = np.asarray(evaluation["candidate"], dtype=np.float64)
                 n = min(len(ref), len(cand))
-                ends.append(interval(ref[:n], cand[:n], estimator, seed=number * 2 + side))
+                ends.append(interval(ref[:n], cand[:n], estimator, seed=number * 2 + side, block=block))
             (s1, l1, h1), (s2, l2, h2) = ends
             disagreement = abs(s1 / s2 - 1)
             disagreements.append(disagreement)
             half_widths += [(h1 - l1) / 2 / s1, (h2 - l2) / 2 / s2]
             overlaps += int(l1 <= h2 and l2 <= h1)
+            # The gap in standard errors (from each interval's log width): about |N(0, 1)|, with
+            # p90 near 1.64, when the intervals hold across processes.
+            errors = [(np.log(h) - np.log(lo)) / 2 / 1.96 for lo, h in ((l1, h1), (l2, h2))]
+            scores.append(float(abs(np.log(s1 / s2)) / max(float(np.hypot(*errors)), 1e-12)))
             per_task[row["task"]] = round(disagreement, 4)
         figures[name] = {
             "pairs": len(rows),
@@ -92,6 +101,8 @@ def analyse_run(run: dict[str, Any], min_ms: float) -> dict[str, Any]:
             "max": quantile(sorted(disagreements), 1.0),
             "median_half_width": quantile(sorted(half_widths), 0.5),
             "intervals_overlap": overlaps,
+            "z_p50": quantile(sorted(scores), 0.5),
+            "z_p90": quantile(sorted(scores), 0.9),
             "per_task": per_task,
         }
     return {"settings": run.get("settings", {}), "estimators": figures}
@@ -104,20 +115,22 @@ def markdown(report: dict[str, Any]) -> str:
         f"Source: {', '.join(report['sources'])} ({report['environment'].get('gpu', '?')}, commit "
         f"`{report['environment'].get('commit', '?')}`). Disagreement of two fresh-process evaluations "
         f"|s1/s2 - 1| over candidates of {report['min_ms'] * 1000:g} us and more; half width: the median "
-        "95% paired-bootstrap half width over the evaluations; overlap: pairs whose two intervals overlap.",
+        f"95% paired-bootstrap half width over the evaluations (runs of {report['block']} rounds resampled); "
+        "overlap: pairs whose two intervals overlap; z: the two estimates' gap in standard errors taken "
+        "from their intervals (p50 0.67 and p90 1.64 when the intervals hold across processes).",
         "",
     ]
     for run in report["runs"]:
         lines += [
             f"## {run['source']}: {run['settings']}",
             "",
-            "| estimator | pairs | p50 | p90 | max | half width | intervals overlap |",
-            "|---|---|---|---|---|---|---|",
+            "| estimator | pairs | p50 | p90 | max | half width | intervals overlap | z p50 / p90 |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for name, f in run["estimators"].items():
             lines.append(
                 f"| {name} | {f['pairs']} | {f['p50']} | {f['p90']} | {f['max']} | {f['median_half_width']} "
-                f"| {f['intervals_overlap']} of {f['pairs']} |"
+                f"| {f['intervals_overlap']} of {f['pairs']} | {f['z_p50']} / {f['z_p90']} |"
             )
         lines.append("")
     return "\n".join(lines)
@@ -127,6 +140,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("samples", nargs="+", help="reward_service-...-samples.json files")
     parser.add_argument("--min-ms", type=float, default=0.05, help="smallest candidate median counted")
+    parser.add_argument("--block", type=int, default=1, help="rounds per resampled run (1: single rounds)")
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     parser.add_argument("--tag", default="")
     args = parser.parse_args()
@@ -137,13 +151,14 @@ def main() -> int:
         data = json.loads(raw)
         environment = data.get("environment", environment)
         for run in data["runs"]:
-            runs.append({"source": path.name, **analyse_run(run, args.min_ms)})
+            runs.append({"source": path.name, **analyse_run(run, args.min_ms, args.block)})
     stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d")
     report = {
         "date": stamp,
         "environment": environment,
         "sources": [Path(p).name for p in args.samples],
         "min_ms": args.min_ms,
+        "block": args.block,
         "runs": runs,
     }
     out = Path(args.out)
