@@ -2,13 +2,15 @@
 
 Reads the timed calls that `benchmarks/reward_service.py`'s repeat part keeps
 (`reward_service-<date>[-<tag>]-samples.json.gz`: per run, per candidate, both evaluations'
-reference and candidate milliseconds, round by round) and computes, for each estimator of the speedup, the
-disagreement of the two evaluations |s1/s2 - 1| at the 50th and 90th percentile over candidates
-of 50 us and more. Every estimator sees the same calls, so the comparison is side by side by
-construction: only the statistic differs. For each it also gives the median 95% bootstrap half
-width (paired rounds resampled together), and how often the two evaluations' intervals overlap.
+reference and candidate milliseconds, round by round) and computes, for each estimator of the
+speedup, the disagreement of the two evaluations |s1/s2 - 1| at the 50th and 90th percentile
+over candidates of 50 us and more. Every estimator sees the same calls, so the comparison is
+side by side by construction: only the statistic differs. For each it also gives the median 95%
+bootstrap half width (paired rounds, or runs of --block rounds, resampled together), how often
+the two evaluations' intervals overlap, and the two estimates' gap in standard errors (z: about
+|N(0, 1)| when the intervals hold across processes).
 
-    python benchmarks/timing_estimators.py benchmarks/results/reward_service-2026-12-03-x-samples.json
+    python benchmarks/timing_estimators.py benchmarks/results/reward_service-2026-12-03-turns-samples.json.gz
 
 Writes `timing_estimators-<date>[-<tag>].json` and `.md` into --out.
 """
@@ -138,7 +140,7 @@ def markdown(report: dict[str, Any]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("samples", nargs="+", help="reward_service-...-samples.json files")
+    parser.add_argument("samples", nargs="+", help="reward_service-...-samples.json.gz files")
     parser.add_argument("--min-ms", type=float, default=0.05, help="smallest candidate median counted")
     parser.add_argument("--block", type=int, default=1, help="rounds per resampled run (1: single rounds)")
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
@@ -147,8 +149,7 @@ def main() -> int:
     runs: list[dict[str, Any]] = []
     environment: dict[str, Any] = {}
     for path in map(Path, args.samples):
-        raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
-        data = json.loads(raw)
+        data = json.loads(gzip.decompress(path.read_bytes()))
         environment = data.get("environment", environment)
         for run in data["runs"]:
             runs.append({"source": path.name, **analyse_run(run, args.min_ms, args.block)})

@@ -177,7 +177,8 @@ class EvalConfig(EvaluationSettings):
     keep_samples: bool = Field(
         default=False,
         description="Keep every timed call's milliseconds in the result (Timing.samples_ms), for plots and "
-        "for re-analysing a timing; off by default, because results are stored and cached.",
+        "for re-analysing a timing; off by default, because results are stored and cached. A result "
+        "served from a result cache has them only if it was measured with them.",
     )
     timing_primer_ms: float = Field(
         default=0.0,
