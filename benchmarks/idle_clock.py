@@ -12,7 +12,12 @@ polling the CPU clock the whole gap (`poll`: does the waiting thread's own sleep
 
     python benchmarks/idle_clock.py --device cuda:0 [--waits sleep,poll,gpu-spin]
 
-Writes `idle_clock-<date>.json` and `.md` into --out.
+With `--clocks device,stream,stream+lead20` it times the same cells with the evaluator's own
+clocks instead (`EvalConfig.timing_clock` and `timing_lead_us`: `<clock>[+lead<us>]`), each
+clock's calls interleaved with the others' so that all see the same machine, and adds a small
+elementwise call (a 16M-element tanh) to the matmuls.
+
+Writes `idle_clock-<date>[-clocks].json` and `.md` into --out.
 """
 
 from __future__ import annotations
@@ -90,6 +95,82 @@ def cell(n: int, gap_ms: float, how: str, reps: int, clock: Any) -> dict[str, An
     }
 
 
+def parse_clock(name: str) -> tuple[str, float]:
+    """`stream+lead20` -> ("stream", 20.0)."""
+    mode, _, lead = name.partition("+lead")
+    return mode, float(lead or 0)
+
+
+def clock_cells(size: str, gap_ms: float, clocks: list[str], reps: int) -> list[dict[str, Any]]:
+    """One call timed `reps` times by each clock, the clocks taking turns after each wait."""
+    from kernelfleet.evaluator._timing import _Clock
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    if size.startswith("tanh"):
+        x = torch.randn(int(size[4:]), device=device)
+
+        def call() -> Any:
+            return torch.tanh(x)
+    else:
+        a = torch.randn(int(size), int(size), device=device)
+        b = torch.randn(int(size), int(size), device=device)
+
+        def call() -> Any:
+            return torch.mm(a, b)
+
+    flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=device)
+    timers = {name: _Clock(device, *parse_clock(name)) for name in clocks}
+    samples: dict[str, list[float]] = {name: [] for name in clocks}
+    naive: dict[str, list[float]] = {name: [] for name in clocks}
+    for _ in range(3):
+        call()
+    for _ in range(reps):
+        for name, timer in timers.items():
+            time.sleep(gap_ms / 1e3)
+            flush.zero_()
+            timer.sync()
+            ms, stream_ms, _ = timer.measure(call)
+            samples[name].append(ms)
+            naive[name].append(stream_ms if stream_ms is not None else ms)
+    cells = []
+    for name in clocks:
+        times = samples[name]
+        q = statistics.quantiles(times, n=4)
+        median = statistics.median(times)
+        cells.append(
+            {
+                "size": size,
+                "gap_ms": gap_ms,
+                "clock": name,
+                "median_ms": round(median, 4),
+                "min_ms": round(min(times), 4),
+                "iqr_over_median": round((q[2] - q[0]) / median, 4),
+                "stream_median_ms": round(statistics.median(naive[name]), 4),
+            }
+        )
+    return cells
+
+
+def clocks_markdown(report: dict[str, Any]) -> str:
+    env = report["environment"]
+    lines = [
+        f"# The evaluator's clocks on one process's calls, {report['date']}",
+        "",
+        f"{env['gpu']}, torch {env['torch']}, commit `{env['commit']}`, {report['reps']} calls per cell and "
+        "clock, the clocks taking turns. Each call: a CPU sleep of the gap, cache flush, synchronise, one "
+        "call timed by the clock. stream ms: the caller's-stream figure of the same calls.",
+        "",
+        "| call | gap ms | clock | median ms | min ms | IQR / median | stream ms |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for c in report["cells"]:
+        lines.append(
+            f"| {c['size']} | {c['gap_ms']} | {c['clock']} | {c['median_ms']} | {c['min_ms']} "
+            f"| {c['iqr_over_median']:.1%} | {c['stream_median_ms']} |"
+        )
+    return "\n".join(lines)
+
+
 def markdown(report: dict[str, Any]) -> str:
     env = report["environment"]
     lines = [
@@ -116,6 +197,7 @@ def main() -> int:
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     parser.add_argument("--waits", default="sleep,poll", help="of sleep, poll, gpu-spin")
     parser.add_argument("--sizes", default="1024,2048,4096", help="matmul sizes (n x n, fp32)")
+    parser.add_argument("--clocks", default="", help="evaluator clocks, e.g. device,stream,stream+lead20")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         parser.error("needs a CUDA GPU")
@@ -123,8 +205,17 @@ def main() -> int:
     clock = sm_clock()
     sizes = [int(n) for n in args.sizes.split(",")]
     waits = args.waits.split(",")
-    cells = [cell(n, gap, how, args.reps, clock) for n in sizes for gap in GAPS_MS for how in waits]
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d")
+    clocks = [c for c in args.clocks.split(",") if c]
+    if clocks:
+        cells = [
+            c
+            for size in ("512", "1024", "2048", "tanh16777216")
+            for gap in (0.0, 2.0, 10.0)
+            for c in clock_cells(size, gap, clocks, args.reps)
+        ]
+    else:
+        cells = [cell(n, gap, how, args.reps, clock) for n in sizes for gap in GAPS_MS for how in waits]
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d") + ("-clocks" if clocks else "")
     report = {
         "date": stamp,
         "environment": {
@@ -138,8 +229,9 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"idle_clock-{stamp}.json").write_text(json.dumps(report, indent=1) + "\n")
-    (out / f"idle_clock-{stamp}.md").write_text(markdown(report) + "\n")
-    print(markdown(report))
+    text = clocks_markdown(report) if clocks else markdown(report)
+    (out / f"idle_clock-{stamp}.md").write_text(text + "\n")
+    print(text)
     return 0
 
 

@@ -762,12 +762,16 @@ def named_settings(setting: EvalConfig, overrides: dict[str, str]) -> dict[str, 
 
 
 def samples_of(result: EvaluationResult) -> dict[str, list[float]]:
-    """Both sides' timed calls in order (ms, 4 decimals), when the evaluator kept them."""
-    return {
-        side: [round(v, 4) for v in (timing.samples_ms or [])]
-        for side, timing in (("reference", result.reference), ("candidate", result.candidate))
-        if timing is not None
-    }
+    """Both sides' timed calls in order (ms, 4 decimals), when the evaluator kept them; on a GPU
+    also the same calls on the caller's stream alone (`<side>_stream`)."""
+    calls: dict[str, list[float]] = {}
+    for side, timing in (("reference", result.reference), ("candidate", result.candidate)):
+        if timing is None:
+            continue
+        calls[side] = [round(v, 4) for v in (timing.samples_ms or [])]
+        if timing.stream_samples_ms is not None:
+            calls[f"{side}_stream"] = [round(v, 4) for v in timing.stream_samples_ms]
+    return calls
 
 
 def summarise_repeat(rows: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:

@@ -14,6 +14,7 @@
 #   (benchmarks/kernelbench_harness.py) from .kb/src, an ignored folder carried to the machine
 #   (their source is never committed here); make it with
 #   `mkdir -p .kb && git -C <KernelBench checkout> archive HEAD src/kernelbench LICENSE | tar -x -C .kb`.
+#   CLOCKS_PROBE (a list of the evaluator's clocks) runs benchmarks/idle_clock.py --clocks first.
 #   --rounds: only benchmarks/round_overhead.py on the GPU: seconds per timed round, this tree
 #   against the older commit exported in .old/ (ROUND_OLD names it, default 9d3bb89; make it with
 #   `mkdir -p .old && git archive <rev> | tar -x -C .old`, carried along).
@@ -120,6 +121,10 @@ elif [[ $ATTACKS == 1 ]]; then
 elif [[ $RL == 1 ]]; then
   step train-rl-bench python3 benchmarks/train_rl_step.py --out "$RESULTS" --steps "${RL_STEPS:-3}"
 elif [[ $REWARD == 1 ]]; then
+  # CLOCKS_PROBE=device,stream,...: first the evaluator's clocks on one process's calls
+  # (benchmarks/idle_clock.py --clocks, about half a minute: take it off REWARD_SECONDS).
+  [[ -n "${CLOCKS_PROBE:-}" ]] && step clock-probe python3 benchmarks/idle_clock.py --device cuda:0 \
+    --clocks "$CLOCKS_PROBE" --out "$RESULTS"
   step reward-bench python3 benchmarks/reward_service.py "${REWARD_ARGS[@]}"
 elif [[ $QUICK == 1 ]]; then
   step gpu-tests python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu

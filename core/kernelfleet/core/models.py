@@ -58,6 +58,11 @@ class Timing(Frozen):
         description="Every timed call in the order it was made, when the evaluator keeps them "
         "(EvalConfig.keep_samples); None otherwise.",
     )
+    stream_samples_ms: list[float] | None = Field(
+        default=None,
+        description="The same calls timed on the caller's stream alone (KernelBench's clock), in the same "
+        "order, when samples_ms is kept and the device is a GPU; None otherwise.",
+    )
 
 
 class Environment(Frozen):

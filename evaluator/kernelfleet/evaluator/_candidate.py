@@ -50,7 +50,7 @@ from kernelfleet.evaluator._outputs import (
     poison_free_memory,
     to_device,
 )
-from kernelfleet.evaluator._timing import InputBank, _Clock, pin_timing_thread
+from kernelfleet.evaluator._timing import InputBank, _Clock, clock_for, pin_timing_thread
 from kernelfleet.evaluator._wire import Channel, ChannelClosed, read_tree, write_tree
 
 for _name in (
@@ -313,7 +313,7 @@ class CandidateSession:
         self.flush = (
             torch.empty(flush_bytes, dtype=torch.uint8, device=self.device) if flush_bytes > 0 else None
         )
-        self.clock = _Clock(self.device)
+        self.clock = clock_for(request, self.device)
         pin_timing_thread(request.get("cpu"))
         return {}
 

@@ -338,6 +338,8 @@ def baselines(job: Job) -> dict[str, Any]:
         flush_bytes=job.config.resolved_flush_bytes(session.cuda),
         rng=session.rng,
         primer_below_ms=job.config.timing_primer_ms,
+        clock_mode=job.config.timing_clock,
+        lead_us=job.config.timing_lead_us,
     )
     return {"status": "ok", "samples": run.samples, "unavailable": unavailable}
 

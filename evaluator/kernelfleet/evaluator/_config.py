@@ -180,6 +180,22 @@ class EvalConfig(EvaluationSettings):
         "for re-analysing a timing; off by default, because results are stored and cached. A result "
         "served from a result cache has them only if it was measured with them.",
     )
+    timing_clock: Literal["device", "stream"] = Field(
+        default="device",
+        description="How a timed call's end is read on CUDA. 'device': an end event recorded after a "
+        "device-wide synchronisation (work on any stream counts, and so does the host's latency in noticing "
+        "the end). 'stream': KernelBench's end event on the caller's stream, plus the host's wait for the "
+        "rest of the device after it (work on any stream still counts; the host's latency does not). "
+        "docs/evaluator.md compares the two on the H200.",
+    )
+    timing_lead_us: float = Field(
+        default=0.0,
+        ge=0,
+        le=1000,
+        description="A GPU wait of this many microseconds queued before each timed call of both sides, so "
+        "that the call's launches queue behind it, as they do when the CPU runs ahead of the GPU in a loop; "
+        "launch time beyond the lead still counts. 0: none.",
+    )
     timing_primer_ms: float = Field(
         default=0.0,
         ge=0,
@@ -258,8 +274,13 @@ class EvalConfig(EvaluationSettings):
     @property
     def result_version(self) -> str:
         """The evaluator version written into results: the profile and kernel demand are part
-        of it, because they change verdicts, and results are cached by version."""
+        of it, because they change verdicts, and so is a clock other than the default, because
+        it changes what a millisecond means; results are cached by version."""
         suffix = str(self.profile) + (".kernel" if self.require_kernel else "")
+        if self.timing_clock != "device":
+            suffix += f".{self.timing_clock}"
+        if self.timing_lead_us > 0:
+            suffix += f".lead{self.timing_lead_us:g}us"
         return f"{EVALUATOR_VERSION}+{suffix}"
 
     @property

@@ -61,9 +61,13 @@ def _torch_version() -> str:
         return ""
 
 
-def timing_from(samples: Sequence[float], keep: bool = False) -> Timing:
-    """A timing's summary; with `keep`, the samples themselves too (in the order timed)."""
+def timing_from(
+    samples: Sequence[float], keep: bool = False, stream: Sequence[float] | None = None
+) -> Timing:
+    """A timing's summary; with `keep`, the samples themselves too (in the order timed), and
+    `stream`, the same calls on the caller's stream alone, when they line up with them."""
     s = stats(list(samples))
+    aligned = keep and stream is not None and len(stream) == len(samples)
     return Timing(
         median_ms=s.median_ms,
         mean_ms=s.mean_ms,
@@ -72,6 +76,7 @@ def timing_from(samples: Sequence[float], keep: bool = False) -> Timing:
         iqr_ms=s.iqr_ms,
         trials=s.trials,
         samples_ms=[float(v) for v in samples] if keep else None,
+        stream_samples_ms=[float(v) for v in stream or []] if aligned else None,
     )
 
 
@@ -644,8 +649,12 @@ class Evaluator:
         speedup = answer.get("speedup")
         interval = answer.get("speedup_ci")
         if answer.get("reference_ms"):
-            reference = timing_from(answer["reference_ms"], config.keep_samples)
-            candidate = timing_from(answer["candidate_ms"], config.keep_samples)
+            reference = timing_from(
+                answer["reference_ms"], config.keep_samples, answer.get("reference_stream_ms")
+            )
+            candidate = timing_from(
+                answer["candidate_ms"], config.keep_samples, answer.get("candidate_stream_ms")
+            )
         if verdict == "correct" and speedup is not None and self._needs_recheck(speedup, config):
             begin = time.monotonic()
             recheck = self._child(item, lane, reuse=False)
@@ -680,8 +689,12 @@ class Evaluator:
                 if again < speedup:
                     speedup = again
                     interval = second.get("speedup_ci")
-                    reference = timing_from(second["reference_ms"], config.keep_samples)
-                    candidate = timing_from(second["candidate_ms"], config.keep_samples)
+                    reference = timing_from(
+                        second["reference_ms"], config.keep_samples, second.get("reference_stream_ms")
+                    )
+                    candidate = timing_from(
+                        second["candidate_ms"], config.keep_samples, second.get("candidate_stream_ms")
+                    )
         return self._result(
             item,
             lane,

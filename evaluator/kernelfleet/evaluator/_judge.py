@@ -30,7 +30,7 @@ from kernelfleet.evaluator._outputs import (
     identical,
     leaves,
 )
-from kernelfleet.evaluator._timing import InputBank, _Clock, pin_timing_thread
+from kernelfleet.evaluator._timing import InputBank, _Clock, clock_for, pin_timing_thread
 from kernelfleet.evaluator._wire import Channel, ChannelClosed, MalformedTensors, read_tree, write_tree
 
 _SLACK = 1 << 20
@@ -172,7 +172,7 @@ class JudgeSession:
         self.buffers = clone_tree(sets[0])
         flush_bytes = int(request["flush_bytes"])
         self.flush = torch.empty(flush_bytes, dtype=torch.uint8, device=s.device) if flush_bytes > 0 else None
-        self.clock = _Clock(s.device)
+        self.clock = clock_for(request, s.device)
         pin_timing_thread(request.get("cpu"))
         return {"count": count, "numels": self.bank.numels}
 

@@ -672,6 +672,8 @@ class Evaluation:
             "prefix": "bank",
             "flush_bytes": config.resolved_flush_bytes(config.device != "cpu"),
             "cpu": self.timing_cpu,
+            "clock": config.timing_clock,
+            "lead_us": config.timing_lead_us,
         }
         bank = self.ask_judge({**timing, "seeds": [self.rng.getrandbits(31) for _ in range(3)]})
         count = int(bank["count"])
@@ -859,6 +861,10 @@ class Evaluation:
         return {
             "reference_ms": timed.reference,
             "candidate_ms": timed.candidate,
+            # The caller's-stream figure of every timed call, in the same order, for re-analysis
+            # (kept in results only with keep_samples).
+            "reference_stream_ms": total.naive["reference"],
+            "candidate_stream_ms": total.naive["candidate"],
             "speedup": speedup,
             "speedup_ci": [estimate.low, estimate.high] if speedup is not None else None,
             "speedup_cv": estimate.bucket_cv,

@@ -79,17 +79,51 @@ def pin_timing_thread(cpu: object) -> None:
         os.sched_setaffinity(0, {int(cpu)})  # type: ignore[call-overload]
 
 
-class _Clock:
-    """Times one call: CUDA events with a device-wide synchronisation at the end, or the CPU's
-    clock."""
+CLOCKS = ("device", "stream")
 
-    def __init__(self, device: torch.device) -> None:
+
+class _Clock:
+    """Times one call: CUDA events, or the CPU's clock on the CPU.
+
+    `device` (evaluator 0.5.0's clock): the end event is recorded after a device-wide
+    synchronisation, so work on any stream counts; the sample also holds the time the host took
+    to notice the device was done and to submit the end event. `stream`: the sample is what
+    KernelBench measures (start and end events on the caller's stream around the call), plus
+    whatever the host then waited for the rest of the device (work the call left on other
+    streams), read on the host clock: nothing the call does escapes it, and the host's latency
+    after the call is not in it. Either way `naive` is the caller's-stream figure alone: a
+    candidate whose samples exceed it by more than the reference's do has left work on other
+    streams.
+
+    `lead_us` queues a GPU wait of that many microseconds in front of the start event, so that
+    the call's launches are queued behind it: the call is timed as it runs when the CPU is ahead
+    of the GPU (a training or serving loop), not from the moment an idle GPU starts waiting for
+    its first launch. Launch time beyond the lead still counts. 0: no lead."""
+
+    def __init__(self, device: torch.device, mode: str = "device", lead_us: float = 0.0) -> None:
+        if mode not in CLOCKS:
+            raise ValueError(f"unknown timing clock {mode!r}: use one of {', '.join(CLOCKS)}")
         self.cuda = device.type == "cuda"
         self.device = device
+        self.mode = mode
+        self.lead_cycles = 0
         if self.cuda:
             self.start = CudaEvent(enable_timing=True)
             self.naive_end = CudaEvent(enable_timing=True)
             self.end = CudaEvent(enable_timing=True)
+            if lead_us > 0:
+                self.lead_cycles = max(1, int(lead_us * self._cycles_per_us()))
+
+    def _cycles_per_us(self) -> float:
+        """The GPU's spin rate, read once: `torch.cuda._sleep` counts clock cycles, not time."""
+        cycles = 2_000_000
+        torch.cuda._sleep(cycles)  # the first spin loads the kernel
+        cuda_synchronize(self.device)
+        self.start.record()
+        torch.cuda._sleep(cycles)
+        self.end.record()
+        self.end.synchronize()
+        return cycles / max(self.start.elapsed_time(self.end) * 1e3, 1e-3)
 
     def sync(self) -> None:
         if self.cuda:
@@ -103,18 +137,33 @@ class _Clock:
         return elapsed
 
     def measure(self, call: Callable[[], Any]) -> tuple[float, float | None, Any]:
-        if self.cuda:
-            self.start.record()
+        """(sample ms, caller's-stream ms or None on the CPU, the call's output)."""
+        if not self.cuda:
+            begin = perf_counter()
             out = call()
-            self.naive_end.record()
-            cuda_synchronize(self.device)
-            self.end.record()
-            self.end.synchronize()
-            return self.start.elapsed_time(self.end), self.start.elapsed_time(self.naive_end), out
-        begin = perf_counter()
+            finish = perf_counter()
+            return (finish - begin) * 1e3, None, out
+        if self.lead_cycles:
+            torch.cuda._sleep(self.lead_cycles)
+        self.start.record()
         out = call()
-        finish = perf_counter()
-        return (finish - begin) * 1e3, None, out
+        self.naive_end.record()
+        if self.mode == "stream":
+            self.naive_end.synchronize()
+            waited_from = perf_counter()
+            cuda_synchronize(self.device)
+            rest_ms = (perf_counter() - waited_from) * 1e3
+            naive = self.start.elapsed_time(self.naive_end)
+            return naive + rest_ms, naive, out
+        cuda_synchronize(self.device)
+        self.end.record()
+        self.end.synchronize()
+        return self.start.elapsed_time(self.end), self.start.elapsed_time(self.naive_end), out
+
+
+def clock_for(request: dict[str, Any], device: torch.device) -> _Clock:
+    """The clock a timing request asks for (both sides get the same request)."""
+    return _Clock(device, str(request.get("clock") or "device"), float(request.get("lead_us") or 0.0))
 
 
 def wants_primer(warm: dict[str, list[float]], below_ms: float) -> bool:
@@ -142,11 +191,13 @@ def run_timing(
     release: Callable[[dict[str, Any]], None] | None = None,
     on_flush: Callable[[], None] | None = None,
     primer_below_ms: float = 0.0,
+    clock_mode: str = "device",
+    lead_us: float = 0.0,
 ) -> TimingRun:
     """Time every subject `trials` times after `warmup` rounds; `check_round` sees each round's
     outputs and returns a problem or None; `release` disposes of them. Warm-up calls are primed
     whenever `primer_below_ms` is set; timed calls as `wants_primer` decides from them."""
-    clock = _Clock(device)
+    clock = _Clock(device, clock_mode, lead_us)
     warm: dict[str, list[float]] = {s.label: [] for s in subjects}
     prime = primer_below_ms > 0
     flush = torch.empty(flush_bytes, dtype=torch.uint8, device=device) if flush_bytes > 0 else None

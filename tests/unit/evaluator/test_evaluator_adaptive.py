@@ -246,8 +246,19 @@ def test_a_result_keeps_its_samples_when_asked() -> None:
     for timing in (result.reference, result.candidate):
         assert timing.samples_ms is not None and len(timing.samples_ms) == timing.trials == 7
         assert sorted(timing.samples_ms)[3] == pytest.approx(timing.median_ms)
+        assert timing.stream_samples_ms is None  # the CPU has no streams
     plain = slow_pair(correctness_trials=1, timing_trials=7, timing_retries=0)
     assert plain.reference is not None and plain.reference.samples_ms is None
+
+
+def test_the_stream_clock_setting_reaches_both_sides() -> None:
+    """timing_clock='stream' travels with the timing request to the judge and the candidate; on
+    the CPU both read the wall clock, so the verdict and the speedup stand as with the default."""
+    result = slow_pair(
+        correctness_trials=1, timing_trials=7, timing_retries=0, max_speedup_cv=None, timing_clock="stream"
+    )
+    assert result.verdict == Verdict.CORRECT, result.reasons
+    assert result.speedup is not None and result.environment.evaluator_version.endswith(".stream")
 
 
 # ---------------------------------------------------------------- the primer before short calls

@@ -16,7 +16,9 @@ from kernelfleet.evaluator._timing import (
     InputBank,
     Subject,
     TimingRun,
+    _Clock,
     bucket_speedups,
+    clock_for,
     coefficient_of_variation,
     escaped_work_ms,
     pin_timing_thread,
@@ -161,3 +163,21 @@ def test_the_primer_rule_times_both_sides_alike() -> None:
     assert not wants_primer({"reference": [30.0, 31.0], "candidate": [25.0, 26.0]}, 20.0)
     assert wants_primer({"reference": [], "candidate": []}, 20.0)  # no figures yet: primed
     assert not wants_primer({"reference": [0.1]}, 0.0)  # off
+
+
+def test_an_unknown_clock_is_refused_with_the_choices() -> None:
+    with pytest.raises(ValueError, match="device, stream"):
+        _Clock(torch.device("cpu"), "wall")
+
+
+def test_a_timing_request_names_the_clock_both_sides_use() -> None:
+    clock = clock_for({"clock": "stream", "lead_us": 0}, torch.device("cpu"))
+    assert clock.mode == "stream" and clock.lead_cycles == 0
+    assert clock_for({}, torch.device("cpu")).mode == "device"  # a request from before the setting
+
+
+def test_the_cpu_clock_is_the_same_whatever_the_gpu_clock_setting() -> None:
+    """On the CPU there are no streams: both settings read the wall clock, and no stream figure."""
+    for mode in ("device", "stream"):
+        ms, naive, out = _Clock(torch.device("cpu"), mode, lead_us=50).measure(lambda: torch.ones(3) * 2)
+        assert ms >= 0 and naive is None and out.tolist() == [2.0, 2.0, 2.0]
