@@ -14,7 +14,8 @@
 #   (benchmarks/kernelbench_harness.py) from .kb/src, an ignored folder carried to the machine
 #   (their source is never committed here); make it with
 #   `mkdir -p .kb && git -C <KernelBench checkout> archive HEAD src/kernelbench LICENSE | tar -x -C .kb`.
-#   CLOCKS_PROBE (a list of the evaluator's clocks) runs benchmarks/idle_clock.py --clocks first.
+#   CLOCKS_PROBE (a list of the evaluator's clocks) runs benchmarks/idle_clock.py --clocks first
+#   (with --idle: alone).
 #   --rounds: only benchmarks/round_overhead.py on the GPU: seconds per timed round, this tree
 #   against the older commit exported in .old/ (ROUND_OLD names it, default 9d3bb89; make it with
 #   `mkdir -p .old && git archive <rev> | tar -x -C .old`, carried along).
@@ -112,6 +113,8 @@ REWARD_ARGS=(--out "$RESULTS" --kernels "$KERNELS" --max-seconds "${REWARD_SECON
 if [[ $ROUNDS == 1 ]]; then
   step round-overhead python3 benchmarks/round_overhead.py --old "${ROUND_OLD:-9d3bb89}" --old-tree .old \
     --device cuda:0 --out "$RESULTS"
+elif [[ $IDLE == 1 && -n "${CLOCKS_PROBE:-}" ]]; then
+  step clock-probe python3 benchmarks/idle_clock.py --device cuda:0 --clocks "$CLOCKS_PROBE" --out "$RESULTS"
 elif [[ $IDLE == 1 ]]; then
   [[ -z "${IDLE_SKIP_CLOCK:-}" ]] && step idle-clock python3 benchmarks/idle_clock.py --device cuda:0 --out "$RESULTS"
   step process-spread python3 benchmarks/process_spread.py --out "$RESULTS"

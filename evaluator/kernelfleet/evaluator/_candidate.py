@@ -313,7 +313,7 @@ class CandidateSession:
         self.flush = (
             torch.empty(flush_bytes, dtype=torch.uint8, device=self.device) if flush_bytes > 0 else None
         )
-        self.clock = clock_for(request, self.device)
+        self.clock = clock_for(request, self.device, self.flush)
         pin_timing_thread(request.get("cpu"))
         return {}
 

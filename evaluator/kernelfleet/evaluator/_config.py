@@ -188,13 +188,23 @@ class EvalConfig(EvaluationSettings):
         "rest of the device after it (work on any stream still counts; the host's latency does not). "
         "docs/evaluator.md compares the two on the H200.",
     )
+    timing_warm_us: float = Field(
+        default=0.0,
+        ge=0,
+        le=20000,
+        description="At least this many microseconds of real GPU work (writes of the cache-flush buffer) "
+        "before each timed call of both sides, waited for, then the call: on the H200 a short kernel ran up "
+        "to twice as slow after the GPU had idled for a few milliseconds, as it does between rounds. The "
+        "call's launch latency still counts. 0: none.",
+    )
     timing_lead_us: float = Field(
         default=0.0,
         ge=0,
-        le=1000,
-        description="A GPU wait of this many microseconds queued before each timed call of both sides, so "
-        "that the call's launches queue behind it, as they do when the CPU runs ahead of the GPU in a loop; "
-        "launch time beyond the lead still counts. 0: none.",
+        le=20000,
+        description="At least this many microseconds of real GPU work queued before each timed call of both "
+        "sides with no wait between, so that the call's launches queue behind it, as when the CPU runs ahead "
+        "of the GPU in a loop; launch time beyond the lead still counts, launch latency within it does not. "
+        "0: none.",
     )
     timing_primer_ms: float = Field(
         default=0.0,
@@ -279,6 +289,8 @@ class EvalConfig(EvaluationSettings):
         suffix = str(self.profile) + (".kernel" if self.require_kernel else "")
         if self.timing_clock != "device":
             suffix += f".{self.timing_clock}"
+        if self.timing_warm_us > 0:
+            suffix += f".warm{self.timing_warm_us:g}us"
         if self.timing_lead_us > 0:
             suffix += f".lead{self.timing_lead_us:g}us"
         return f"{EVALUATOR_VERSION}+{suffix}"

@@ -172,9 +172,9 @@ class JudgeSession:
         self.buffers = clone_tree(sets[0])
         flush_bytes = int(request["flush_bytes"])
         self.flush = torch.empty(flush_bytes, dtype=torch.uint8, device=s.device) if flush_bytes > 0 else None
-        self.clock = clock_for(request, s.device)
+        self.clock = clock_for(request, s.device, self.flush)
         pin_timing_thread(request.get("cpu"))
-        return {"count": count, "numels": self.bank.numels}
+        return {"count": count, "numels": self.bank.numels, "reps": list(self.clock.reps)}
 
     def round(self, request: dict[str, Any]) -> dict[str, Any]:
         assert self.bank is not None and self.clock is not None

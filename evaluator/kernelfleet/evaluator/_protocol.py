@@ -674,11 +674,14 @@ class Evaluation:
             "cpu": self.timing_cpu,
             "clock": config.timing_clock,
             "lead_us": config.timing_lead_us,
+            "warm_us": config.timing_warm_us,
         }
         bank = self.ask_judge({**timing, "seeds": [self.rng.getrandbits(31) for _ in range(3)]})
         count = int(bank["count"])
         numels = [int(n) for n in bank.get("numels", [])]
-        self.ask({**timing, "count": count})
+        # The judge measured how many writes make the warm-up and the lead: the candidate's side
+        # makes as many.
+        self.ask({**timing, "count": count, "reps": bank.get("reps")})
         total = TimingRun({"reference": [], "candidate": []}, {"reference": [], "candidate": []})
         outside: dict[str, list[float]] = {"reference": [], "candidate": []}
         inside: dict[str, list[float]] = {"reference": [], "candidate": []}

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import os
 import random
 import statistics
@@ -95,35 +96,60 @@ class _Clock:
     candidate whose samples exceed it by more than the reference's do has left work on other
     streams.
 
-    `lead_us` queues a GPU wait of that many microseconds in front of the start event, so that
-    the call's launches are queued behind it: the call is timed as it runs when the CPU is ahead
-    of the GPU (a training or serving loop), not from the moment an idle GPU starts waiting for
-    its first launch. Launch time beyond the lead still counts. 0: no lead."""
+    On the H200 a short kernel ran up to twice as slow after the GPU had idled for a few
+    milliseconds (as it does between two rounds' exchanges), and a one-thread spin before it did
+    not help. `warm_us` runs at least that many microseconds of real GPU work first (writes of
+    the cache-flush buffer, the last of them the flush itself), then waits for it on the host and
+    times the call: the GPU starts the call in the state it is in inside a running model, and the
+    call's launch latency still counts. `lead_us` queues such work in front of the start event
+    with no wait between them, so that the call's launches also queue behind it, as when the CPU
+    runs ahead of the GPU in a loop: launch time beyond the lead still counts, launch latency
+    within it does not. The judge measures how many writes each takes (`reps`, the candidate's
+    side uses the same); 0: none."""
 
-    def __init__(self, device: torch.device, mode: str = "device", lead_us: float = 0.0) -> None:
+    def __init__(
+        self,
+        device: torch.device,
+        mode: str = "device",
+        lead_us: float = 0.0,
+        flush: torch.Tensor | None = None,
+        reps: tuple[int, int] | None = None,
+        warm_us: float = 0.0,
+    ) -> None:
         if mode not in CLOCKS:
             raise ValueError(f"unknown timing clock {mode!r}: use one of {', '.join(CLOCKS)}")
         self.cuda = device.type == "cuda"
         self.device = device
         self.mode = mode
-        self.lead_cycles = 0
+        self.warm_reps = self.lead_reps = 0
         if self.cuda:
             self.start = CudaEvent(enable_timing=True)
             self.naive_end = CudaEvent(enable_timing=True)
             self.end = CudaEvent(enable_timing=True)
-            if lead_us > 0:
-                self.lead_cycles = max(1, int(lead_us * self._cycles_per_us()))
+            if warm_us > 0 or lead_us > 0:
+                self.lead = (
+                    flush if flush is not None else torch.empty(LEAD_BYTES, dtype=torch.uint8, device=device)
+                )
+                self.warm_reps, self.lead_reps = reps or (self._reps_for(warm_us), self._reps_for(lead_us))
 
-    def _cycles_per_us(self) -> float:
-        """The GPU's spin rate, read once: `torch.cuda._sleep` counts clock cycles, not time."""
-        cycles = 2_000_000
-        torch.cuda._sleep(cycles)  # the first spin loads the kernel
+    @property
+    def reps(self) -> tuple[int, int]:
+        """(warm, lead) writes of the lead buffer before each timed call."""
+        return self.warm_reps, self.lead_reps
+
+    def _reps_for(self, us: float) -> int:
+        """How many writes of the lead buffer last `us`, from four timed writes."""
+        if us <= 0:
+            return 0
+        self.lead.zero_()  # the first write loads the kernel
         cuda_synchronize(self.device)
         self.start.record()
-        torch.cuda._sleep(cycles)
+        for _ in range(4):
+            self.lead.zero_()
         self.end.record()
         self.end.synchronize()
-        return cycles / max(self.start.elapsed_time(self.end) * 1e3, 1e-3)
+        per_write_us = max(self.start.elapsed_time(self.end) * 1e3 / 4, 1e-3)
+        return max(1, min(MAX_LEAD_REPS, math.ceil(us / per_write_us)))
 
     def sync(self) -> None:
         if self.cuda:
@@ -143,8 +169,12 @@ class _Clock:
             out = call()
             finish = perf_counter()
             return (finish - begin) * 1e3, None, out
-        if self.lead_cycles:
-            torch.cuda._sleep(self.lead_cycles)
+        if self.warm_reps:
+            for _ in range(self.warm_reps):
+                self.lead.zero_()
+            cuda_synchronize(self.device)
+        for _ in range(self.lead_reps):
+            self.lead.zero_()
         self.start.record()
         out = call()
         self.naive_end.record()
@@ -161,9 +191,22 @@ class _Clock:
         return self.start.elapsed_time(self.end), self.start.elapsed_time(self.naive_end), out
 
 
-def clock_for(request: dict[str, Any], device: torch.device) -> _Clock:
-    """The clock a timing request asks for (both sides get the same request)."""
-    return _Clock(device, str(request.get("clock") or "device"), float(request.get("lead_us") or 0.0))
+LEAD_BYTES = 64 * 1024 * 1024  # the lead's buffer when there is no flush buffer to write
+MAX_LEAD_REPS = 1000
+
+
+def clock_for(request: dict[str, Any], device: torch.device, flush: torch.Tensor | None) -> _Clock:
+    """The clock a timing request asks for (both sides get the same request; the candidate's
+    also carries the judge's `reps`)."""
+    reps = request.get("reps")
+    return _Clock(
+        device,
+        str(request.get("clock") or "device"),
+        float(request.get("lead_us") or 0.0),
+        flush,
+        (int(reps[0]), int(reps[1])) if reps else None,
+        float(request.get("warm_us") or 0.0),
+    )
 
 
 def wants_primer(warm: dict[str, list[float]], below_ms: float) -> bool:
@@ -193,14 +236,15 @@ def run_timing(
     primer_below_ms: float = 0.0,
     clock_mode: str = "device",
     lead_us: float = 0.0,
+    warm_us: float = 0.0,
 ) -> TimingRun:
     """Time every subject `trials` times after `warmup` rounds; `check_round` sees each round's
     outputs and returns a problem or None; `release` disposes of them. Warm-up calls are primed
     whenever `primer_below_ms` is set; timed calls as `wants_primer` decides from them."""
-    clock = _Clock(device, clock_mode, lead_us)
+    flush = torch.empty(flush_bytes, dtype=torch.uint8, device=device) if flush_bytes > 0 else None
+    clock = _Clock(device, clock_mode, lead_us, flush, warm_us=warm_us)
     warm: dict[str, list[float]] = {s.label: [] for s in subjects}
     prime = primer_below_ms > 0
-    flush = torch.empty(flush_bytes, dtype=torch.uint8, device=device) if flush_bytes > 0 else None
     run = TimingRun({s.label: [] for s in subjects}, {s.label: [] for s in subjects})
     order = list(subjects)
     for round_index in range(warmup + trials):

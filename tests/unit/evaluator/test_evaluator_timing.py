@@ -171,9 +171,9 @@ def test_an_unknown_clock_is_refused_with_the_choices() -> None:
 
 
 def test_a_timing_request_names_the_clock_both_sides_use() -> None:
-    clock = clock_for({"clock": "stream", "lead_us": 0}, torch.device("cpu"))
-    assert clock.mode == "stream" and clock.lead_cycles == 0
-    assert clock_for({}, torch.device("cpu")).mode == "device"  # a request from before the setting
+    clock = clock_for({"clock": "stream", "lead_us": 500, "reps": [0, 6]}, torch.device("cpu"), None)
+    assert clock.mode == "stream" and clock.lead_reps == 0  # the CPU has no GPU to lead
+    assert clock_for({}, torch.device("cpu"), None).mode == "device"  # a request from before the setting
 
 
 def test_the_cpu_clock_is_the_same_whatever_the_gpu_clock_setting() -> None:
