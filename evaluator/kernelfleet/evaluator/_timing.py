@@ -91,10 +91,10 @@ class _Clock:
     to notice the device was done and to submit the end event. `stream`: the sample is what
     KernelBench measures (start and end events on the caller's stream around the call), plus
     whatever the host then waited for the rest of the device (work the call left on other
-    streams), read on the host clock: nothing the call does escapes it, and the host's latency
-    after the call is not in it. Either way `naive` is the caller's-stream figure alone: a
-    candidate whose samples exceed it by more than the reference's do has left work on other
-    streams.
+    streams), read on the host clock less the cost of a wait with nothing left: nothing the
+    call does escapes it, and the host's latency after the call is not in it. Either way
+    `naive` is the caller's-stream figure alone: a candidate whose samples exceed it by more
+    than the reference's do has left work on other streams.
 
     On the H200 a short kernel ran up to twice as slow after the GPU had idled for a few
     milliseconds (as it does between two rounds' exchanges), and a one-thread spin before it did
@@ -180,9 +180,13 @@ class _Clock:
         self.naive_end.record()
         if self.mode == "stream":
             self.naive_end.synchronize()
-            waited_from = perf_counter()
+            # The wait for the rest of the device, less what a wait costs when nothing is left
+            # (a second one right after): 20-25 us on the H200, and as unsteady as the host.
+            first = perf_counter()
             cuda_synchronize(self.device)
-            rest_ms = (perf_counter() - waited_from) * 1e3
+            second = perf_counter()
+            cuda_synchronize(self.device)
+            rest_ms = ((second - first) - (perf_counter() - second)) * 1e3
             naive = self.start.elapsed_time(self.naive_end)
             return naive + rest_ms, naive, out
         cuda_synchronize(self.device)
