@@ -73,8 +73,17 @@ def interval(
     return float(estimator(ref, cand)), float(low), float(high)
 
 
-def analyse_run(run: dict[str, Any], min_ms: float, block: int) -> dict[str, Any]:
-    rows = [row for row in run["rows"] if len(row.get("samples", [])) == 2 and row["candidate_ms"] >= min_ms]
+def analyse_run(run: dict[str, Any], min_ms: float, block: int, clock: str = "") -> dict[str, Any]:
+    """`clock` "stream": the calls' caller's-stream figures (`<side>_stream`) instead of the samples;
+    the candidates counted are the same (their reported median)."""
+    suffix = "_stream" if clock == "stream" else ""
+    rows = [
+        row
+        for row in run["rows"]
+        if len(row.get("samples", [])) == 2
+        and row["candidate_ms"] >= min_ms
+        and all(f"candidate{suffix}" in evaluation for evaluation in row["samples"])
+    ]
     figures: dict[str, Any] = {}
     for name, estimator in ESTIMATORS.items():
         disagreements, half_widths, overlaps, scores = [], [], 0, []
@@ -82,8 +91,8 @@ def analyse_run(run: dict[str, Any], min_ms: float, block: int) -> dict[str, Any
         for number, row in enumerate(rows):
             ends = []
             for side, evaluation in enumerate(row["samples"]):
-                ref = np.asarray(evaluation["reference"], dtype=np.float64)
-                cand = np.asarray(evaluation["candidate"], dtype=np.float64)
+                ref = np.asarray(evaluation[f"reference{suffix}"], dtype=np.float64)
+                cand = np.asarray(evaluation[f"candidate{suffix}"], dtype=np.float64)
                 n = min(len(ref), len(cand))
                 ends.append(interval(ref[:n], cand[:n], estimator, seed=number * 2 + side, block=block))
             (s1, l1, h1), (s2, l2, h2) = ends
@@ -107,7 +116,7 @@ def analyse_run(run: dict[str, Any], min_ms: float, block: int) -> dict[str, Any
             "z_p90": quantile(sorted(scores), 0.9),
             "per_task": per_task,
         }
-    return {"settings": run.get("settings", {}), "estimators": figures}
+    return {"settings": run.get("settings", {}), "clock": clock or "as timed", "estimators": figures}
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -124,7 +133,7 @@ def markdown(report: dict[str, Any]) -> str:
     ]
     for run in report["runs"]:
         lines += [
-            f"## {run['source']}: {run['settings']}",
+            f"## {run['source']}: {run['settings']}, clock {run['clock']}",
             "",
             "| estimator | pairs | p50 | p90 | max | half width | intervals overlap | z p50 / p90 |",
             "|---|---|---|---|---|---|---|---|",
@@ -143,6 +152,11 @@ def main() -> int:
     parser.add_argument("samples", nargs="+", help="reward_service-...-samples.json.gz files")
     parser.add_argument("--min-ms", type=float, default=0.05, help="smallest candidate median counted")
     parser.add_argument("--block", type=int, default=1, help="rounds per resampled run (1: single rounds)")
+    parser.add_argument(
+        "--clocks",
+        default="",
+        help="also 'stream': the same calls' caller's-stream figures, where the samples file has them",
+    )
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     parser.add_argument("--tag", default="")
     args = parser.parse_args()
@@ -152,7 +166,11 @@ def main() -> int:
         data = json.loads(gzip.decompress(path.read_bytes()))
         environment = data.get("environment", environment)
         for run in data["runs"]:
-            runs.append({"source": path.name, **analyse_run(run, args.min_ms, args.block)})
+            for clock in ["", *[c for c in args.clocks.split(",") if c]]:
+                figures = analyse_run(run, args.min_ms, args.block, clock)
+                if clock and not any(f["pairs"] for f in figures["estimators"].values()):
+                    continue  # no caller's-stream figures kept in this file
+                runs.append({"source": path.name, **figures})
     stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d")
     report = {
         "date": stamp,

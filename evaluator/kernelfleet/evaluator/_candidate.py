@@ -334,8 +334,8 @@ class CandidateSession:
             self.flush.zero_()
         G.manual_seed(int(request["seed"]))
         self.clock.sync()
-        elapsed, naive, out = self.clock.measure(lambda: model(*buffers))
-        answer: dict[str, Any] = {"ms": elapsed, "naive": naive, "primer_ms": primer_ms}
+        elapsed, naive, spill, out = self.clock.measure(lambda: model(*buffers))
+        answer: dict[str, Any] = {"ms": elapsed, "naive": naive, "spill": spill, "primer_ms": primer_ms}
         problems = check_materialised(out, self.device)
         if problems:
             answer["problem"] = R.reason(

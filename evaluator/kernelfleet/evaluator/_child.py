@@ -340,7 +340,6 @@ def baselines(job: Job) -> dict[str, Any]:
         primer_below_ms=job.config.timing_primer_ms,
         clock_mode=job.config.timing_clock,
         lead_us=job.config.timing_lead_us,
-        warm_us=job.config.timing_warm_us,
     )
     return {"status": "ok", "samples": run.samples, "unavailable": unavailable}
 

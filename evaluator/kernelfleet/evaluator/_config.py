@@ -181,30 +181,25 @@ class EvalConfig(EvaluationSettings):
         "served from a result cache has them only if it was measured with them.",
     )
     timing_clock: Literal["device", "stream"] = Field(
-        default="device",
-        description="How a timed call's end is read on CUDA. 'device': an end event recorded after a "
-        "device-wide synchronisation (work on any stream counts, and so does the host's latency in noticing "
-        "the end). 'stream': KernelBench's end event on the caller's stream, plus the host's wait for the "
-        "rest of the device after it (work on any stream still counts; the host's latency does not). "
-        "docs/evaluator.md compares the two on the H200.",
-    )
-    timing_warm_us: float = Field(
-        default=0.0,
-        ge=0,
-        le=20000,
-        description="At least this many microseconds of real GPU work (writes of the cache-flush buffer) "
-        "before each timed call of both sides, waited for, then the call: on the H200 a short kernel ran up "
-        "to twice as slow after the GPU had idled for a few milliseconds, as it does between rounds. The "
-        "call's launch latency still counts. 0: none.",
+        default="stream",
+        description="How a timed call is read on CUDA. 'stream' (the default): KernelBench's start and end "
+        "events on the caller's stream; the host then waits for the whole device, and a candidate whose "
+        "wait exceeds the reference's by more than max(15 us, 10%) left work on other streams and is "
+        "rejected (side-stream). 'device' (evaluator 0.5.0): the end event is recorded after a device-wide "
+        "synchronisation, so the sample also holds the host's 10-30 us of latency in noticing the end, "
+        "which differs from process to process. docs/evaluator.md compares the two on the H200.",
     )
     timing_lead_us: float = Field(
-        default=0.0,
+        default=1000.0,
         ge=0,
         le=20000,
-        description="At least this many microseconds of real GPU work queued before each timed call of both "
-        "sides with no wait between, so that the call's launches queue behind it, as when the CPU runs ahead "
-        "of the GPU in a loop; launch time beyond the lead still counts, launch latency within it does not. "
-        "0: none.",
+        description="At least this many microseconds of real GPU work (writes of the cache-flush buffer, "
+        "the flush last) queued before each timed call of both sides, with no wait between, so that the "
+        "call's launches queue behind it as when the CPU runs ahead of the GPU in a loop. A call made "
+        "after the host idled a few milliseconds, as every timed call is between two rounds' exchanges, "
+        "reached the idle H200 up to 0.2 ms late, by an amount that changed from process to process; "
+        "behind the lead the same call timed alike after any wait. CPU launch time beyond the lead "
+        "still counts; within it, it does not. 0: none (evaluator 0.5.0).",
     )
     timing_primer_ms: float = Field(
         default=0.0,
@@ -284,14 +279,13 @@ class EvalConfig(EvaluationSettings):
     @property
     def result_version(self) -> str:
         """The evaluator version written into results: the profile and kernel demand are part
-        of it, because they change verdicts, and so is a clock other than the default, because
+        of it, because they change verdicts, and so are clock settings other than the defaults, because
         it changes what a millisecond means; results are cached by version."""
         suffix = str(self.profile) + (".kernel" if self.require_kernel else "")
-        if self.timing_clock != "device":
+        defaults = type(self).model_fields
+        if self.timing_clock != defaults["timing_clock"].default:
             suffix += f".{self.timing_clock}"
-        if self.timing_warm_us > 0:
-            suffix += f".warm{self.timing_warm_us:g}us"
-        if self.timing_lead_us > 0:
+        if self.timing_lead_us != defaults["timing_lead_us"].default:
             suffix += f".lead{self.timing_lead_us:g}us"
         return f"{EVALUATOR_VERSION}+{suffix}"
 

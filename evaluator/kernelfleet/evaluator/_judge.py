@@ -174,7 +174,7 @@ class JudgeSession:
         self.flush = torch.empty(flush_bytes, dtype=torch.uint8, device=s.device) if flush_bytes > 0 else None
         self.clock = clock_for(request, s.device, self.flush)
         pin_timing_thread(request.get("cpu"))
-        return {"count": count, "numels": self.bank.numels, "reps": list(self.clock.reps)}
+        return {"count": count, "numels": self.bank.numels, "reps": self.clock.lead_reps}
 
     def round(self, request: dict[str, Any]) -> dict[str, Any]:
         assert self.bank is not None and self.clock is not None
@@ -186,12 +186,12 @@ class JudgeSession:
             self.flush.zero_()
         G.manual_seed(int(request["seed"]))
         self.clock.sync()
-        elapsed, naive, out = self.clock.measure(lambda: model(*buffers))
+        elapsed, naive, spill, out = self.clock.measure(lambda: model(*buffers))
         check_materialised(out, self.session.device)  # the candidate's side does it too: same cost
         if request.get("keep"):
             self.kept = clone_tree(out)
         del out
-        return {"ms": elapsed, "naive": naive, "primer_ms": primer_ms}
+        return {"ms": elapsed, "naive": naive, "spill": spill, "primer_ms": primer_ms}
 
     def check_round(self, request: dict[str, Any]) -> dict[str, Any]:
         out_c, wrong = self.read_candidate(str(request["output"]))

@@ -674,13 +674,11 @@ class Evaluation:
             "cpu": self.timing_cpu,
             "clock": config.timing_clock,
             "lead_us": config.timing_lead_us,
-            "warm_us": config.timing_warm_us,
         }
         bank = self.ask_judge({**timing, "seeds": [self.rng.getrandbits(31) for _ in range(3)]})
         count = int(bank["count"])
         numels = [int(n) for n in bank.get("numels", [])]
-        # The judge measured how many writes make the warm-up and the lead: the candidate's side
-        # makes as many.
+        # The judge measured how many writes make the lead: the candidate's side makes as many.
         self.ask({**timing, "count": count, "reps": bank.get("reps")})
         total = TimingRun({"reference": [], "candidate": []}, {"reference": [], "candidate": []})
         outside: dict[str, list[float]] = {"reference": [], "candidate": []}
@@ -688,7 +686,9 @@ class Evaluation:
         failed: list[tuple[int, str]] = []
         counter = [0]
 
-        def side(label: str, message: dict[str, Any]) -> tuple[float, float | None, float, float, str | None]:
+        def side(
+            label: str, message: dict[str, Any]
+        ) -> tuple[float, float | None, float | None, float, float, str | None]:
             child = self.judge if label == "reference" else self.cand
             assert child is not None
             # The outside clock reads the exchange alone (send, the side's round, its answer):
@@ -711,14 +711,22 @@ class Evaluation:
             span = (time.perf_counter() - begin) * 1e3
             answer = self._judge_answer(raw) if label == "reference" else self._candidate_answer(raw)
             ms, naive, primer = answer.get("ms"), answer.get("naive"), answer.get("primer_ms", 0.0)
+            spill = answer.get("spill")
             if (
                 not isinstance(ms, int | float)
                 or ms < 0
                 or (naive is not None and not isinstance(naive, int | float))
+                or (spill is not None and not isinstance(spill, int | float))
                 or not isinstance(primer, int | float)
                 or primer < 0
             ):
                 raise _Stop("rejected", [_broken("its process answered a timing that is not a number")])
+            if label == "candidate" and self.config.device != "cpu" and (naive is None or spill is None):
+                # On a GPU the harness always reports both: without them the side-stream check
+                # would have nothing to compare.
+                raise _Stop(
+                    "rejected", [_broken("its process answered a GPU timing without its stream figures")]
+                )
             busy = float(ms) + float(primer)  # what the outside clock saw the side's process do
             if label == "candidate" and busy > span + 1.0:
                 raise _Stop(
@@ -734,6 +742,7 @@ class Evaluation:
             return (
                 float(ms),
                 float(naive) if naive is not None else None,
+                float(spill) if spill is not None else None,
                 span,
                 busy,
                 str(problem) if problem else None,
@@ -781,7 +790,7 @@ class Evaluation:
                 for label in order:
                     if both or label == "candidate":
                         results[label] = side(label, messages[label])
-                problem = results["candidate"][4]
+                problem = results["candidate"][5]
                 if problem is None and keep:
                     output = self.name("round")
                     shipped = self.ask({"op": "ship_round", "output": output}).get("problem")
@@ -800,11 +809,12 @@ class Evaluation:
                         warm[label].append(results[label][0])
                 if timed:
                     for label in results:
-                        ms, naive, span, busy, _ = results[label]
+                        ms, naive, spill, span, busy, _ = results[label]
                         batch[label].append(ms)
                         total.samples[label].append(ms)
-                        if naive is not None:
+                        if naive is not None and spill is not None:
                             total.naive[label].append(naive)
+                            total.spill.setdefault(label, []).append(spill)
                         if not keep:
                             inside[label].append(busy)
                             outside[label].append(span)

@@ -45,6 +45,8 @@ class Subject:
 class TimingRun:
     samples: dict[str, list[float]] = field(default_factory=dict)
     naive: dict[str, list[float]] = field(default_factory=dict)
+    # The device's work after the caller's stream was done, per call (see _Clock.measure).
+    spill: dict[str, list[float]] = field(default_factory=dict)
     failed_rounds: list[tuple[int, str]] = field(default_factory=list)
 
 
@@ -96,16 +98,15 @@ class _Clock:
     `naive` is the caller's-stream figure alone: a candidate whose samples exceed it by more
     than the reference's do has left work on other streams.
 
-    On the H200 a short kernel ran up to twice as slow after the GPU had idled for a few
-    milliseconds (as it does between two rounds' exchanges), and a one-thread spin before it did
-    not help. `warm_us` runs at least that many microseconds of real GPU work first (writes of
-    the cache-flush buffer, the last of them the flush itself), then waits for it on the host and
-    times the call: the GPU starts the call in the state it is in inside a running model, and the
-    call's launch latency still counts. `lead_us` queues such work in front of the start event
-    with no wait between them, so that the call's launches also queue behind it, as when the CPU
-    runs ahead of the GPU in a loop: launch time beyond the lead still counts, launch latency
-    within it does not. The judge measures how many writes each takes (`reps`, the candidate's
-    side uses the same); 0: none."""
+    `lead_us` queues at least that many microseconds of real GPU work (writes of the cache-flush
+    buffer, the last of them the flush itself) in front of the start event, with no wait on the
+    host between them and the call, so that the call's launches queue behind it, as when the CPU
+    runs ahead of the GPU in a loop. On the H200 a call made after the host had idled a few
+    milliseconds (as every timed call is, between two rounds' exchanges) reached the idle GPU up
+    to 0.2 ms late, by an amount that changed from process to process; neither a one-thread GPU
+    spin nor 3 ms of real work waited for on the host before the call helped. Behind the lead the
+    same call timed alike after any wait. Launch time beyond the lead still counts. The judge
+    measures how many writes make the lead (`reps`) and the candidate's side makes as many."""
 
     def __init__(
         self,
@@ -113,34 +114,26 @@ class _Clock:
         mode: str = "device",
         lead_us: float = 0.0,
         flush: torch.Tensor | None = None,
-        reps: tuple[int, int] | None = None,
-        warm_us: float = 0.0,
+        reps: int | None = None,
     ) -> None:
         if mode not in CLOCKS:
             raise ValueError(f"unknown timing clock {mode!r}: use one of {', '.join(CLOCKS)}")
         self.cuda = device.type == "cuda"
         self.device = device
         self.mode = mode
-        self.warm_reps = self.lead_reps = 0
+        self.lead_reps = 0
         if self.cuda:
             self.start = CudaEvent(enable_timing=True)
             self.naive_end = CudaEvent(enable_timing=True)
             self.end = CudaEvent(enable_timing=True)
-            if warm_us > 0 or lead_us > 0:
+            if lead_us > 0:
                 self.lead = (
                     flush if flush is not None else torch.empty(LEAD_BYTES, dtype=torch.uint8, device=device)
                 )
-                self.warm_reps, self.lead_reps = reps or (self._reps_for(warm_us), self._reps_for(lead_us))
-
-    @property
-    def reps(self) -> tuple[int, int]:
-        """(warm, lead) writes of the lead buffer before each timed call."""
-        return self.warm_reps, self.lead_reps
+                self.lead_reps = reps or self._reps_for(lead_us)
 
     def _reps_for(self, us: float) -> int:
         """How many writes of the lead buffer last `us`, from four timed writes."""
-        if us <= 0:
-            return 0
         self.lead.zero_()  # the first write loads the kernel
         cuda_synchronize(self.device)
         self.start.record()
@@ -158,21 +151,20 @@ class _Clock:
     def prime(self, call: Callable[[], Any]) -> float:
         """The untimed call before a timed one: made, waited for and dropped. Its time (same
         clock) is returned for the outside clock's accounting, never as a sample."""
-        elapsed, _, out = self.measure(call)
+        elapsed, _, _, out = self.measure(call)
         del out
         return elapsed
 
-    def measure(self, call: Callable[[], Any]) -> tuple[float, float | None, Any]:
-        """(sample ms, caller's-stream ms or None on the CPU, the call's output)."""
+    def measure(self, call: Callable[[], Any]) -> tuple[float, float | None, float | None, Any]:
+        """(sample ms, caller's-stream ms, spill ms, the call's output). The spill is how long
+        the rest of the device took after the caller's stream was done, host latency included
+        (`device`: the end event's lateness; `stream`: the host's wait less an empty wait's);
+        None on the CPU, as the caller's-stream figure is."""
         if not self.cuda:
             begin = perf_counter()
             out = call()
             finish = perf_counter()
-            return (finish - begin) * 1e3, None, out
-        if self.warm_reps:
-            for _ in range(self.warm_reps):
-                self.lead.zero_()
-            cuda_synchronize(self.device)
+            return (finish - begin) * 1e3, None, None, out
         for _ in range(self.lead_reps):
             self.lead.zero_()
         self.start.record()
@@ -188,11 +180,12 @@ class _Clock:
             cuda_synchronize(self.device)
             rest_ms = ((second - first) - (perf_counter() - second)) * 1e3
             naive = self.start.elapsed_time(self.naive_end)
-            return naive + rest_ms, naive, out
+            return naive, naive, rest_ms, out
         cuda_synchronize(self.device)
         self.end.record()
         self.end.synchronize()
-        return self.start.elapsed_time(self.end), self.start.elapsed_time(self.naive_end), out
+        full, naive = self.start.elapsed_time(self.end), self.start.elapsed_time(self.naive_end)
+        return full, naive, full - naive, out
 
 
 LEAD_BYTES = 64 * 1024 * 1024  # the lead's buffer when there is no flush buffer to write
@@ -202,14 +195,12 @@ MAX_LEAD_REPS = 1000
 def clock_for(request: dict[str, Any], device: torch.device, flush: torch.Tensor | None) -> _Clock:
     """The clock a timing request asks for (both sides get the same request; the candidate's
     also carries the judge's `reps`)."""
-    reps = request.get("reps")
     return _Clock(
         device,
         str(request.get("clock") or "device"),
         float(request.get("lead_us") or 0.0),
         flush,
-        (int(reps[0]), int(reps[1])) if reps else None,
-        float(request.get("warm_us") or 0.0),
+        int(request["reps"]) if request.get("reps") else None,
     )
 
 
@@ -240,13 +231,12 @@ def run_timing(
     primer_below_ms: float = 0.0,
     clock_mode: str = "device",
     lead_us: float = 0.0,
-    warm_us: float = 0.0,
 ) -> TimingRun:
     """Time every subject `trials` times after `warmup` rounds; `check_round` sees each round's
     outputs and returns a problem or None; `release` disposes of them. Warm-up calls are primed
     whenever `primer_below_ms` is set; timed calls as `wants_primer` decides from them."""
     flush = torch.empty(flush_bytes, dtype=torch.uint8, device=device) if flush_bytes > 0 else None
-    clock = _Clock(device, clock_mode, lead_us, flush, warm_us=warm_us)
+    clock = _Clock(device, clock_mode, lead_us, flush)
     warm: dict[str, list[float]] = {s.label: [] for s in subjects}
     prime = primer_below_ms > 0
     run = TimingRun({s.label: [] for s in subjects}, {s.label: [] for s in subjects})
@@ -269,13 +259,14 @@ def run_timing(
                     on_flush()
             manual_seed(seed)
             clock.sync()
-            elapsed, naive, out = clock.measure(call)
+            elapsed, naive, spill, out = clock.measure(call)
             if round_index < warmup:
                 warm[subject.label].append(elapsed)
             else:
                 run.samples[subject.label].append(elapsed)
-                if naive is not None:
+                if naive is not None and spill is not None:
                     run.naive[subject.label].append(naive)
+                    run.spill.setdefault(subject.label, []).append(spill)
             outputs[subject.label] = out
         if check_round is not None:
             problem = check_round(outputs)
@@ -338,7 +329,10 @@ def coefficient_of_variation(values: list[float]) -> float:
 
 def escaped_work_ms(run: TimingRun, candidate: str, reference: str) -> float:
     """How much more of the candidate's time than of the reference's happens off the current
-    stream (median full-minus-naive gap of the candidate minus that of the reference)."""
+    stream: the median spill of the candidate minus that of the reference (without spills, the
+    median full-minus-naive gap)."""
+    if run.spill.get(candidate) and run.spill.get(reference):
+        return statistics.median(run.spill[candidate]) - statistics.median(run.spill[reference])
     if not run.naive.get(candidate) or not run.naive.get(reference):
         return 0.0
     gap_c = statistics.median(

@@ -251,14 +251,15 @@ def test_a_result_keeps_its_samples_when_asked() -> None:
     assert plain.reference is not None and plain.reference.samples_ms is None
 
 
-def test_the_stream_clock_setting_reaches_both_sides() -> None:
-    """timing_clock='stream' travels with the timing request to the judge and the candidate; on
-    the CPU both read the wall clock, so the verdict and the speedup stand as with the default."""
+def test_the_device_clock_setting_reaches_both_sides() -> None:
+    """timing_clock='device' (0.5.0's) travels with the timing request to the judge and the
+    candidate; on the CPU both clocks read the wall clock, so the verdict and the speedup stand
+    as with the default, and the result's version names the setting."""
     result = slow_pair(
-        correctness_trials=1, timing_trials=7, timing_retries=0, max_speedup_cv=None, timing_clock="stream"
+        correctness_trials=1, timing_trials=7, timing_retries=0, max_speedup_cv=None, timing_clock="device"
     )
     assert result.verdict == Verdict.CORRECT, result.reasons
-    assert result.speedup is not None and result.environment.evaluator_version.endswith(".stream")
+    assert result.speedup is not None and result.environment.evaluator_version.endswith(".device")
 
 
 # ---------------------------------------------------------------- the primer before short calls

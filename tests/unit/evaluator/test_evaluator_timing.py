@@ -86,6 +86,13 @@ def test_escaped_work_compares_with_the_reference() -> None:
     )
     assert escaped_work_ms(run, "candidate", "reference") == pytest.approx(0.89)
     assert escaped_work_ms(TimingRun({"a": [1.0]}, {"a": []}), "a", "a") == 0.0
+    # The stream clock's samples are the caller's-stream figures: the spill says what came after.
+    spilled = TimingRun(
+        {"candidate": [0.1, 0.1, 0.1], "reference": [0.2, 0.2, 0.2]},
+        {"candidate": [0.1, 0.1, 0.1], "reference": [0.2, 0.2, 0.2]},
+        {"candidate": [0.5, 0.6, 0.55], "reference": [0.02, 0.01, 0.03]},
+    )
+    assert escaped_work_ms(spilled, "candidate", "reference") == pytest.approx(0.53)
 
 
 def test_seeding_resets_the_generator_without_formatting_stacks(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -171,13 +178,16 @@ def test_an_unknown_clock_is_refused_with_the_choices() -> None:
 
 
 def test_a_timing_request_names_the_clock_both_sides_use() -> None:
-    clock = clock_for({"clock": "stream", "lead_us": 500, "reps": [0, 6]}, torch.device("cpu"), None)
+    clock = clock_for({"clock": "stream", "lead_us": 500, "reps": 6}, torch.device("cpu"), None)
     assert clock.mode == "stream" and clock.lead_reps == 0  # the CPU has no GPU to lead
     assert clock_for({}, torch.device("cpu"), None).mode == "device"  # a request from before the setting
 
 
 def test_the_cpu_clock_is_the_same_whatever_the_gpu_clock_setting() -> None:
-    """On the CPU there are no streams: both settings read the wall clock, and no stream figure."""
+    """On the CPU there are no streams: both settings read the wall clock, with no stream figure
+    and no spill."""
     for mode in ("device", "stream"):
-        ms, naive, out = _Clock(torch.device("cpu"), mode, lead_us=50).measure(lambda: torch.ones(3) * 2)
-        assert ms >= 0 and naive is None and out.tolist() == [2.0, 2.0, 2.0]
+        ms, naive, spill, out = _Clock(torch.device("cpu"), mode, lead_us=50).measure(
+            lambda: torch.ones(3) * 2
+        )
+        assert ms >= 0 and naive is None and spill is None and out.tolist() == [2.0, 2.0, 2.0]
