@@ -14,7 +14,8 @@
 #   (benchmarks/kernelbench_harness.py) from .kb/src, an ignored folder carried to the machine
 #   (their source is never committed here); make it with
 #   `mkdir -p .kb && git -C <KernelBench checkout> archive HEAD src/kernelbench LICENSE | tar -x -C .kb`.
-#   CLOCKS_PROBE (a list of the evaluator's clocks) runs benchmarks/idle_clock.py --clocks first
+#   GPU_TESTS (pytest node ids) runs those GPU tests first, and CLOCKS_PROBE (a list of the
+#   evaluator's clocks) benchmarks/idle_clock.py --clocks
 #   (with --idle: alone).
 #   --rounds: only benchmarks/round_overhead.py on the GPU: seconds per timed round, this tree
 #   against the older commit exported in .old/ (ROUND_OLD names it, default 9d3bb89; make it with
@@ -126,6 +127,9 @@ elif [[ $RL == 1 ]]; then
 elif [[ $REWARD == 1 ]]; then
   # CLOCKS_PROBE=device,stream,...: first the evaluator's clocks on one process's calls
   # (benchmarks/idle_clock.py --clocks, about half a minute: take it off REWARD_SECONDS).
+  # GPU_TESTS=<pytest node ids>: those GPU tests first (e.g. one defence after a timing change).
+  # shellcheck disable=SC2086
+  [[ -n "${GPU_TESTS:-}" ]] && step gpu-tests python3 -m pytest -q -p no:cacheprovider -m gpu $GPU_TESTS
   [[ -n "${CLOCKS_PROBE:-}" ]] && step clock-probe python3 benchmarks/idle_clock.py --device cuda:0 \
     --clocks "$CLOCKS_PROBE" --out "$RESULTS"
   step reward-bench python3 benchmarks/reward_service.py "${REWARD_ARGS[@]}"
