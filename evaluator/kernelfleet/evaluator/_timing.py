@@ -3,14 +3,12 @@
 Each round draws one input set from a small bank, perturbs one element of every tensor (so no
 two calls ever see the same values: a cache keyed by value misses), copies it into every
 subject's own buffers, then times the subjects in a random order. Before each timed call the
-last-level cache is flushed by writing a buffer larger than it, and the device is idle. When the
-calls are short, each timed call is preceded by an untimed one (the primer, on the last round's
-values): a call made after a wait starts late, and the primer makes every timed call a warm
-one, as KernelBench's back-to-back calls are. On
-CUDA the end event is recorded only after a device-wide synchronisation, so work on any
-stream counts; a second end event, recorded on the current stream before that
-synchronisation, measures what a naive timer would have seen, and a candidate whose naive time
-falls short of its full time by more than the reference's does has left work on other streams.
+last-level cache is flushed by writing a buffer larger than it, and the device is idle. On CUDA
+the call is then queued behind about a millisecond of GPU work (the lead) and timed between
+events on the caller's stream; afterwards the host waits for the whole device, and a candidate
+that leaves more work than the reference on other streams (its spill) is caught (`_Clock` says
+why, and keeps evaluator 0.5.0's clock as an option). An optional primer (an untimed call on the
+last round's values) makes every timed call a warm one, as KernelBench's back-to-back calls are.
 On the CPU the same protocol runs with a wall clock.
 """
 
