@@ -93,6 +93,9 @@ def test_escaped_work_compares_with_the_reference() -> None:
         {"candidate": [0.5, 0.6, 0.55], "reference": [0.02, 0.01, 0.03]},
     )
     assert escaped_work_ms(spilled, "candidate", "reference") == pytest.approx(0.53)
+    # A spill is a difference of two host waits: below zero now and then, and still compared.
+    jittery = TimingRun({"c": [0.1], "r": [0.1]}, {"c": [0.1], "r": [0.1]}, {"c": [-0.004], "r": [0.006]})
+    assert escaped_work_ms(jittery, "c", "r") == pytest.approx(-0.01)
 
 
 def test_seeding_resets_the_generator_without_formatting_stacks(monkeypatch: pytest.MonkeyPatch) -> None:
