@@ -330,3 +330,25 @@ def _get_peering(kube: Any) -> Any:
         if error.status == 404:
             return None
         raise
+
+
+def test_an_operator_whose_port_was_taken_starts_again_on_new_ones(kube: Any, tmp_path: Path) -> None:
+    """A port from `free_port` is only free until someone binds it: an operator that lost its
+    liveness port to another process exits, and the test harness starts it again on new ports
+    instead of leaving a test to wait out its timeout."""
+    import socket
+
+    process = OperatorProcess(kube.kubeconfig, kube.namespace, tmp_path / "operator")
+    lost = process.health_port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as squatter:
+        squatter.bind(("127.0.0.1", lost))
+        squatter.listen()
+        process.start()
+    try:
+        assert process.health_port != lost
+        assert "address already in use" in process.log()
+        with urllib.request.urlopen(f"http://127.0.0.1:{process.health_port}/healthz", timeout=5) as answer:
+            assert answer.status == 200
+        assert process.starts == 1  # one start asked for, however many launches it took
+    finally:
+        process.stop()

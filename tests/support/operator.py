@@ -34,9 +34,7 @@ class OperatorProcess:
         standalone: bool = True,
         name: str = "operator",
     ) -> None:
-        self.metrics_port = free_port()
-        self.health_port = free_port()
-        self.argv = [
+        self._command = [
             sys.executable,
             "-m",
             "kernelfleet.core.cli",
@@ -44,26 +42,66 @@ class OperatorProcess:
             "--namespace",
             namespace,
             *(["--standalone"] if standalone else []),
-            f"--liveness=http://127.0.0.1:{self.health_port}/healthz",
             "--metrics-host=127.0.0.1",
-            f"--metrics-port={self.metrics_port}",
             "--status-interval=1",
             *args,
         ]
+        self._new_ports()
         self.env = {**os.environ, "KUBECONFIG": str(kubeconfig), **(env or {})}
         workdir.mkdir(parents=True, exist_ok=True)
         self.log_path = workdir / f"{name}.log"
         self._proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
+    def _new_ports(self) -> None:
+        self.metrics_port = free_port()
+        self.health_port = free_port()
+        self.argv = [
+            *self._command,
+            f"--liveness=http://127.0.0.1:{self.health_port}/healthz",
+            f"--metrics-port={self.metrics_port}",
+        ]
+
     def start(self) -> OperatorProcess:
+        """Start the operator and wait until it serves its liveness probe (or exits). `free_port`
+        cannot hold a port until the operator binds it: when another process took one meanwhile,
+        the operator exits with 'address already in use', and it is started again on new ports
+        rather than leaving a test to wait out its timeout for an operator that never ran."""
         self.starts += 1
-        log = open(self.log_path, "ab")  # noqa: SIM115 - the child keeps it open
-        log.write(f"---- start {self.starts}\n".encode())
-        log.flush()
-        self._proc = subprocess.Popen(self.argv, env=self.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-        log.close()
+        for attempt in range(3):
+            marker = f"---- start {self.starts}" + (f" (again on new ports, {attempt})" if attempt else "")
+            log = open(self.log_path, "ab")  # noqa: SIM115 - the child keeps it open
+            log.write(f"{marker}\n".encode())
+            log.flush()
+            self._proc = subprocess.Popen(
+                self.argv, env=self.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT
+            )
+            log.close()
+            if not self._lost_a_port(marker):
+                break
+            self._new_ports()
         return self
+
+    def _lost_a_port(self, marker: str, timeout: float = 60.0) -> bool:
+        """Wait for the liveness probe to answer; True when the operator exited because a port
+        it was given had been taken."""
+        import urllib.error
+        import urllib.request
+
+        assert self._proc is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                this_start = self.log().rsplit(f"{marker}\n", 1)[-1]
+                return "address already in use" in this_start
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/healthz", timeout=2).close()
+                return False
+            except urllib.error.HTTPError:
+                return False  # it answers: the port is the operator's
+            except OSError:
+                time.sleep(0.2)
+        return False
 
     def kill(self) -> None:
         """SIGKILL: no cleanup, no goodbye, like a lost node."""
