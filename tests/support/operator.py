@@ -8,6 +8,8 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -85,9 +87,6 @@ class OperatorProcess:
     def _lost_a_port(self, marker: str, timeout: float = 60.0) -> bool:
         """Wait for the liveness probe to answer; True when the operator exited because a port
         it was given had been taken."""
-        import urllib.error
-        import urllib.request
-
         assert self._proc is not None
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -122,8 +121,6 @@ class OperatorProcess:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def metrics(self) -> str:
-        import urllib.request
-
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as response:
             return response.read().decode()
 

@@ -279,8 +279,8 @@ class EvalConfig(EvaluationSettings):
     @property
     def result_version(self) -> str:
         """The evaluator version written into results: the profile and kernel demand are part
-        of it, because they change verdicts, and so are clock settings other than the defaults, because
-        it changes what a millisecond means; results are cached by version."""
+        of it, because they change verdicts, and so are clock settings other than the defaults,
+        because they change what a millisecond means; results are cached by version."""
         suffix = str(self.profile) + (".kernel" if self.require_kernel else "")
         defaults = type(self).model_fields
         if self.timing_clock != defaults["timing_clock"].default:

@@ -86,15 +86,14 @@ CLOCKS = ("device", "stream")
 class _Clock:
     """Times one call: CUDA events, or the CPU's clock on the CPU.
 
-    `device` (evaluator 0.5.0's clock): the end event is recorded after a device-wide
-    synchronisation, so work on any stream counts; the sample also holds the time the host took
-    to notice the device was done and to submit the end event. `stream`: the sample is what
-    KernelBench measures (start and end events on the caller's stream around the call), plus
-    whatever the host then waited for the rest of the device (work the call left on other
-    streams), read on the host clock less the cost of a wait with nothing left: nothing the
-    call does escapes it, and the host's latency after the call is not in it. Either way
-    `naive` is the caller's-stream figure alone: a candidate whose samples exceed it by more
-    than the reference's do has left work on other streams.
+    `stream` (the default): the sample is what KernelBench measures, the time between start and
+    end events on the caller's stream. The host then waits for the whole device; how long that
+    took beyond an empty wait is the call's spill (work it left on other streams), which the
+    side-stream check compares with the reference's. The host's wait is not in the sample: it
+    differed by 5-30 us between processes. `device` (evaluator 0.5.0's clock): the end event is
+    recorded after a device-wide synchronisation, so the sample holds work on any stream and the
+    host's latency in noticing the end; its spill is the sample less the caller's-stream
+    figure.
 
     `lead_us` queues at least that many microseconds of real GPU work (writes of the cache-flush
     buffer, the last of them the flush itself) in front of the start event, with no wait on the
