@@ -82,17 +82,24 @@ def cell(n: int, gap_ms: float, how: str, reps: int, clock: Any) -> dict[str, An
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end))
-    q = statistics.quantiles(times, n=4)
-    median = statistics.median(times)
     known = [c for c in clocks if c is not None]
     return {
         "n": n,
         "gap_ms": gap_ms,
         "wait": how,
+        **spread(times),
+        "sm_clock_mhz_median": statistics.median(known) if known else None,
+    }
+
+
+def spread(times: list[float]) -> dict[str, float]:
+    """A cell's median, fastest call and IQR over median (ms, 4 decimals)."""
+    q = statistics.quantiles(times, n=4)
+    median = statistics.median(times)
+    return {
         "median_ms": round(median, 4),
         "min_ms": round(min(times), 4),
         "iqr_over_median": round((q[2] - q[0]) / median, 4),
-        "sm_clock_mhz_median": statistics.median(known) if known else None,
     }
 
 
@@ -133,23 +140,16 @@ def clock_cells(size: str, gap_ms: float, clocks: list[str], reps: int) -> list[
             ms, stream_ms, _, _ = timer.measure(call)
             samples[name].append(ms)
             naive[name].append(stream_ms if stream_ms is not None else ms)
-    cells = []
-    for name in clocks:
-        times = samples[name]
-        q = statistics.quantiles(times, n=4)
-        median = statistics.median(times)
-        cells.append(
-            {
-                "size": size,
-                "gap_ms": gap_ms,
-                "clock": name,
-                "median_ms": round(median, 4),
-                "min_ms": round(min(times), 4),
-                "iqr_over_median": round((q[2] - q[0]) / median, 4),
-                "stream_median_ms": round(statistics.median(naive[name]), 4),
-            }
-        )
-    return cells
+    return [
+        {
+            "size": size,
+            "gap_ms": gap_ms,
+            "clock": name,
+            **spread(samples[name]),
+            "stream_median_ms": round(statistics.median(naive[name]), 4),
+        }
+        for name in clocks
+    ]
 
 
 def clocks_markdown(report: dict[str, Any]) -> str:
