@@ -1,0 +1,249 @@
+"""Why does a short call time differently in a fresh process: the kernels it picked, or where its
+memory lies? (issue 11, repeatability)
+
+Under evaluator 0.7.0's clock, calls of 0.1 ms and more agree within 0.7% between two fresh
+processes, but a few level-2 calls of 50-70 us moved by up to 6% with tight distributions inside
+each process (2:33's reference: 0.0487 then 0.0512 ms). This probe times real KernelBench
+subjects (references, and the published candidates that build nothing) in several fresh
+processes, the way the timing lane does (strict profile: eval mode, no grad, no TF32; a cache
+flush, about 1 ms of lead writes, one call between events on the caller's stream, a 2 ms host
+wait between rounds). In each process every subject is built once and then copied a few times
+into new memory, a padding allocation of random size between copies, and the copies' rounds are
+interleaved. Per subject it reports:
+
+- whether every process launched the same kernels (torch.profiler's kernel names): if not, the
+  shift is an algorithm choice made per process;
+- the spread of the first copy's median over processes (what two evaluations see today);
+- the spread of the copies' medians inside one process (placement alone, same process);
+- the spread over processes of the median over all copies (what timing over several placements
+  would see).
+
+    python benchmarks/placement_probe.py --kernels .data/cuda-l1-h100-kernels.jsonl \\
+        --tasks 2:33,2:22 [--processes 8 --copies 4 --rounds 60]
+
+Writes `placement_probe-<date>[-<tag>].json` and `.md` into --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from gpu_evaluator import commit  # $KERNELFLEET_COMMIT, else git
+from reward_service import is_native, load_workload
+
+ROOT = Path(__file__).resolve().parents[1]
+
+_CHILD = r"""
+import copy, hashlib, json, random, statistics, sys, time
+import torch
+spec = json.loads(sys.stdin.read())
+torch.backends.cuda.matmul.allow_tf32 = False
+torch.backends.cudnn.allow_tf32 = False
+torch.set_grad_enabled(False)
+dev = torch.device(spec["device"])
+cuda = dev.type == "cuda"
+flush = torch.empty((256 if cuda else 8) * 1024**2, dtype=torch.uint8, device=dev)
+rng = random.Random()
+if cuda:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    flush.zero_(); torch.cuda.synchronize()
+    start.record()
+    for _ in range(4):
+        flush.zero_()
+    end.record(); end.synchronize()
+    reps = max(1, round(1000 / (start.elapsed_time(end) * 1e3 / 4)))
+else:  # a smoke test of the probe itself: wall clock, no lead
+    reps = 1
+def timed(model, inputs):
+    for _ in range(reps):
+        flush.zero_()
+    if not cuda:
+        begin = time.perf_counter()
+        model(*inputs)
+        return (time.perf_counter() - begin) * 1e3
+    start.record()
+    out = model(*inputs)
+    end.record()
+    end.synchronize()
+    torch.cuda.synchronize()
+    del out
+    return start.elapsed_time(end)
+def kernels(model, inputs):
+    from torch.profiler import ProfilerActivity, profile
+    kind = "CUDA" if cuda else "CPU"
+    with profile(activities=[getattr(ProfilerActivity, kind)]) as prof:
+        model(*inputs)
+        if cuda:
+            torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type.name == kind]
+    return hashlib.sha1("\n".join(names).encode()).hexdigest()[:10], names
+subjects = spec["subjects"]
+order = list(range(len(subjects)))
+rng.shuffle(order)
+out = {}
+for i in order:
+    s = subjects[i]
+    ns = {}
+    exec(compile(s["code"], s["label"], "exec"), ns)
+    torch.manual_seed(0)
+    model = ns[s["cls"]](*ns["get_init_inputs"]()).to(dev).eval()
+    torch.manual_seed(1)
+    inputs = [x.to(dev) if isinstance(x, torch.Tensor) else x for x in ns["get_inputs"]()]
+    for _ in range(10):
+        model(*inputs)
+    if cuda:
+        torch.cuda.synchronize()
+    digest, names = kernels(model, inputs)
+    copies, pads = [(model, inputs)], []
+    for _ in range(spec["copies"] - 1):
+        pad = rng.randrange(1, 64) * 1024**2 + rng.randrange(4096) * 512
+        pads.append(torch.empty(pad, dtype=torch.uint8, device=dev))
+        clones = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
+        copies.append((copy.deepcopy(model), clones))
+    for m, x in copies:
+        for _ in range(3):
+            m(*x)
+    times = [[] for _ in copies]
+    for r in range(spec["rounds"] * len(copies)):
+        time.sleep(0.002)
+        c = r % len(copies)
+        times[c].append(timed(*copies[c]))
+    medians = [statistics.median(t) for t in times]
+    out[s["label"]] = {"kernels": digest, "names": names[:40], "medians": medians}
+    del copies, pads, model, inputs
+    if cuda:
+        torch.cuda.empty_cache()
+print(json.dumps({"reps": reps, "subjects": out}))
+"""
+
+
+def subjects_for(kernels: Path, tasks: list[str]) -> list[dict[str, str]]:
+    rows = {name: (task, code) for task, code, name in load_workload(kernels, "kernelbench-v0")}
+    chosen = []
+    for name in tasks:
+        if name not in rows:
+            raise SystemExit(f"task {name} has no published kernel in {kernels}: pick another with --tasks")
+        task, code = rows[name]
+        chosen.append({"label": f"{name} reference", "code": task.code, "cls": "Model"})
+        if not is_native(code):  # a candidate that builds nothing: time it as well
+            chosen.append({"label": f"{name} candidate", "code": code, "cls": "ModelNew"})
+    return chosen
+
+
+def run_child(spec: dict[str, Any]) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, "-c", _CHILD],
+        input=json.dumps(spec),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    if done.returncode != 0:
+        return {"error": done.stderr[-600:]}
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def spread(values: list[float]) -> float | None:
+    return round(max(values) / min(values) - 1, 4) if len(values) > 1 and min(values) > 0 else None
+
+
+def summarise(processes: list[dict[str, Any]], labels: list[str]) -> list[dict[str, Any]]:
+    rows = []
+    for label in labels:
+        seen = [p["subjects"][label] for p in processes if label in p.get("subjects", {})]
+        if not seen:
+            continue
+        firsts = [s["medians"][0] for s in seen]
+        pooled = [statistics.median(s["medians"]) for s in seen]
+        inside = [spread(s["medians"]) or 0.0 for s in seen]
+        rows.append(
+            {
+                "subject": label,
+                "processes": len(seen),
+                "kernel_lists": len({s["kernels"] for s in seen}),
+                "median_ms": round(statistics.median(firsts), 4),
+                "first_copy_over_processes": spread(firsts),
+                "copies_inside_a_process": round(statistics.median(inside), 4),
+                "copies_inside_a_process_max": round(max(inside), 4),
+                "all_copies_over_processes": spread(pooled),
+            }
+        )
+    return rows
+
+
+def markdown(report: dict[str, Any]) -> str:
+    lines = [
+        f"# Kernels or placement: one subject in fresh processes, {report['date']}",
+        "",
+        f"{report['environment']['gpu']}, torch {report['environment']['torch']}, commit "
+        f"`{report['environment']['commit']}`; {report['processes']} processes, {report['copies']} "
+        f"copies each in new memory, {report['rounds']} rounds per copy. Spreads are max/min - 1.",
+        "",
+        "| subject | median ms | kernel lists | first copy over processes | copies in one process "
+        "(median, max) | median of copies over processes |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in report["summary"]:
+        lines.append(
+            f"| {r['subject']} | {r['median_ms']} | {r['kernel_lists']} | {r['first_copy_over_processes']} | "
+            f"{r['copies_inside_a_process']}, {r['copies_inside_a_process_max']} | "
+            f"{r['all_copies_over_processes']} |"
+        )
+    errors = [p["error"] for p in report["raw"] if "error" in p]
+    if errors:
+        lines += ["", f"{len(errors)} process(es) failed; the first: `{errors[0][-300:]}`"]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kernels", type=Path, required=True)
+    parser.add_argument("--tasks", default="2:33,2:22,2:21,2:25,2:1,2:4,1:87,2:16")
+    parser.add_argument("--processes", type=int, default=8)
+    parser.add_argument("--copies", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=60)
+    parser.add_argument("--device", default="cuda", help="cpu: a smoke test of the probe itself")
+    parser.add_argument("--tag", default="")
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    args = parser.parse_args()
+    subjects = subjects_for(args.kernels, [t.strip() for t in args.tasks.split(",") if t.strip()])
+    spec = {"subjects": subjects, "copies": args.copies, "rounds": args.rounds, "device": args.device}
+    processes = []
+    for index in range(args.processes):
+        processes.append(run_child(spec))
+        print(f"process {index + 1}/{args.processes}: {json.dumps(processes[-1])[:300]}", file=sys.stderr)
+    import torch
+
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d")
+    report = {
+        "date": stamp,
+        "environment": {
+            "gpu": torch.cuda.get_device_name() if args.device != "cpu" else "cpu",
+            "torch": torch.__version__,
+            "commit": commit(),
+        },
+        "processes": args.processes,
+        "copies": args.copies,
+        "rounds": args.rounds,
+        "summary": summarise(processes, [s["label"] for s in subjects]),
+        "raw": processes,
+    }
+    name = f"placement_probe-{stamp}{'-' + args.tag if args.tag else ''}"
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{name}.json").write_text(json.dumps(report, indent=1) + "\n")
+    (args.out / f"{name}.md").write_text(markdown(report) + "\n")
+    print(markdown(report))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
