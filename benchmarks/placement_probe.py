@@ -47,6 +47,7 @@ spec = json.loads(sys.stdin.read())
 torch.backends.cuda.matmul.allow_tf32 = False
 torch.backends.cudnn.allow_tf32 = False
 torch.set_grad_enabled(False)
+torch.backends.cudnn.benchmark = spec["cudnn_benchmark"]
 dev = torch.device(spec["device"])
 cuda = dev.type == "cuda"
 flush = torch.empty((256 if cuda else 8) * 1024**2, dtype=torch.uint8, device=dev)
@@ -88,8 +89,7 @@ subjects = spec["subjects"]
 order = list(range(len(subjects)))
 rng.shuffle(order)
 out = {}
-for i in order:
-    s = subjects[i]
+def probe(s):
     ns = {}
     exec(compile(s["code"], s["label"], "exec"), ns)
     torch.manual_seed(0)
@@ -116,11 +116,17 @@ for i in order:
         c = r % len(copies)
         times[c].append(timed(*copies[c]))
     medians = [statistics.median(t) for t in times]
-    out[s["label"]] = {"kernels": digest, "names": names[:40], "medians": medians}
+    result = {"kernels": digest, "names": names[:40], "medians": medians}
     del copies, pads, model, inputs
     if cuda:
         torch.cuda.empty_cache()
-print(json.dumps({"reps": reps, "subjects": out}))
+    return result
+for i in order:
+    try:
+        out[subjects[i]["label"]] = probe(subjects[i])
+    except Exception as error:  # one subject that cannot be copied (say, it holds a CUDA graph)
+        out[subjects[i]["label"]] = {"error": repr(error)[:300]}
+print(json.dumps({"reps": reps, "cudnn": torch.backends.cudnn.version(), "subjects": out}))
 """
 
 
@@ -159,7 +165,7 @@ def spread(values: list[float]) -> float | None:
 def summarise(processes: list[dict[str, Any]], labels: list[str]) -> list[dict[str, Any]]:
     rows = []
     for label in labels:
-        seen = [p["subjects"][label] for p in processes if label in p.get("subjects", {})]
+        seen = [p["subjects"][label] for p in processes if "medians" in p.get("subjects", {}).get(label, {})]
         if not seen:
             continue
         firsts = [s["medians"][0] for s in seen]
@@ -188,17 +194,19 @@ def markdown(report: dict[str, Any]) -> str:
         f"`{report['environment']['commit']}`; {report['processes']} processes, {report['copies']} "
         f"copies each in new memory, {report['rounds']} rounds per copy. Spreads are max/min - 1.",
         "",
-        "| subject | median ms | kernel lists | first copy over processes | copies in one process "
-        "(median, max) | median of copies over processes |",
-        "|---|---|---|---|---|---|",
+        "| subject | cudnn.benchmark | median ms | kernel lists | first copy over processes "
+        "| copies in one process (median, max) | median of copies over processes |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in report["summary"]:
         lines.append(
-            f"| {r['subject']} | {r['median_ms']} | {r['kernel_lists']} | {r['first_copy_over_processes']} | "
-            f"{r['copies_inside_a_process']}, {r['copies_inside_a_process_max']} | "
-            f"{r['all_copies_over_processes']} |"
+            f"| {r['subject']} | {r['cudnn_benchmark']} | {r['median_ms']} | {r['kernel_lists']} "
+            f"| {r['first_copy_over_processes']} "
+            f"| {r['copies_inside_a_process']}, {r['copies_inside_a_process_max']} "
+            f"| {r['all_copies_over_processes']} |"
         )
     errors = [p["error"] for p in report["raw"] if "error" in p]
+    errors += [v["error"] for p in report["raw"] for v in p.get("subjects", {}).values() if "error" in v]
     if errors:
         lines += ["", f"{len(errors)} process(es) failed; the first: `{errors[0][-300:]}`"]
     return "\n".join(lines)
@@ -211,15 +219,22 @@ def main() -> int:
     parser.add_argument("--processes", type=int, default=8)
     parser.add_argument("--copies", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=60)
+    parser.add_argument(
+        "--both-cudnn-modes",
+        action="store_true",
+        help="every other process with cudnn.benchmark on (does autotuning steady the choice?)",
+    )
     parser.add_argument("--device", default="cuda", help="cpu: a smoke test of the probe itself")
     parser.add_argument("--tag", default="")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = parser.parse_args()
     subjects = subjects_for(args.kernels, [t.strip() for t in args.tasks.split(",") if t.strip()])
     spec = {"subjects": subjects, "copies": args.copies, "rounds": args.rounds, "device": args.device}
+    modes = [False, True] if args.both_cudnn_modes else [False]
     processes = []
     for index in range(args.processes):
-        processes.append(run_child(spec))
+        benchmark = modes[index % len(modes)]
+        processes.append({"cudnn_benchmark": benchmark, **run_child({**spec, "cudnn_benchmark": benchmark})})
         print(f"process {index + 1}/{args.processes}: {json.dumps(processes[-1])[:300]}", file=sys.stderr)
     import torch
 
@@ -234,7 +249,13 @@ def main() -> int:
         "processes": args.processes,
         "copies": args.copies,
         "rounds": args.rounds,
-        "summary": summarise(processes, [s["label"] for s in subjects]),
+        "summary": [
+            {"cudnn_benchmark": mode, **row}
+            for mode in modes
+            for row in summarise(
+                [p for p in processes if p["cudnn_benchmark"] == mode], [s["label"] for s in subjects]
+            )
+        ],
         "raw": processes,
     }
     name = f"placement_probe-{stamp}{'-' + args.tag if args.tag else ''}"
