@@ -44,13 +44,17 @@ _CHILD = r"""
 import copy, hashlib, json, random, statistics, sys, time
 import torch
 spec = json.loads(sys.stdin.read())
-torch.backends.cuda.matmul.allow_tf32 = False
-torch.backends.cudnn.allow_tf32 = False
-torch.set_grad_enabled(False)
+if spec["profile"] == "strict":  # eval mode, no grad, no TF32; kernelbench-v0 leaves torch's defaults
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.set_grad_enabled(False)
 torch.backends.cudnn.benchmark = spec["cudnn_benchmark"]
 dev = torch.device(spec["device"])
 cuda = dev.type == "cuda"
-flush = torch.empty((256 if cuda else 8) * 1024**2, dtype=torch.uint8, device=dev)
+size = (256 if cuda else 8) * 1024**2
+flush = torch.empty(size, dtype=torch.uint8, device=dev)
+pool = torch.empty(2 * size, dtype=torch.uint8, device=dev) if "spread" in spec["flushes"] else None
+sink = torch.zeros((), dtype=torch.int64, device=dev)
 rng = random.Random()
 if cuda:
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -60,11 +64,28 @@ if cuda:
         flush.zero_()
     end.record(); end.synchronize()
     reps = max(1, round(1000 / (start.elapsed_time(end) * 1e3 / 4)))
+    torch.cuda._sleep(1000); torch.cuda.synchronize()
+    start.record(); torch.cuda._sleep(1_000_000); end.record(); end.synchronize()
+    spin = int(1_000_000 * 1.0 / start.elapsed_time(end))  # cycles of about 1 ms
 else:  # a smoke test of the probe itself: wall clock, no lead
     reps = 1
-def timed(model, inputs):
+def lead(kind):
+    # write: the evaluator's default (the flush buffer written, the call starts after its dirty
+    # lines); spread: a window at a random place in a buffer twice the size, then read (clean
+    # lines, a different place each call); warm: no flush, a spin of the same length.
+    if kind == "warm":
+        if cuda:
+            torch.cuda._sleep(spin)
+        return
+    window = flush
+    if kind == "spread":
+        window = pool.narrow(0, rng.randrange(0, size + 1, 2 * 1024**2), size)
     for _ in range(reps):
-        flush.zero_()
+        window.zero_()
+    if kind == "spread":
+        torch.sum(window, dim=0, dtype=torch.int64, out=sink)
+def timed(model, inputs, kind):
+    lead(kind)
     if not cuda:
         begin = time.perf_counter()
         model(*inputs)
@@ -93,7 +114,9 @@ def probe(s):
     ns = {}
     exec(compile(s["code"], s["label"], "exec"), ns)
     torch.manual_seed(0)
-    model = ns[s["cls"]](*ns["get_init_inputs"]()).to(dev).eval()
+    model = ns[s["cls"]](*ns["get_init_inputs"]()).to(dev)
+    if spec["profile"] == "strict":
+        model.eval()
     torch.manual_seed(1)
     inputs = [x.to(dev) if isinstance(x, torch.Tensor) else x for x in ns["get_inputs"]()]
     for _ in range(10):
@@ -110,12 +133,14 @@ def probe(s):
     for m, x in copies:
         for _ in range(3):
             m(*x)
-    times = [[] for _ in copies]
-    for r in range(spec["rounds"] * len(copies)):
-        time.sleep(0.002)
-        c = r % len(copies)
-        times[c].append(timed(*copies[c]))
-    medians = [statistics.median(t) for t in times]
+    cells = [(c, kind) for c in range(len(copies)) for kind in spec["flushes"]]
+    times = {cell: [] for cell in cells}
+    for r in range(spec["rounds"]):
+        rng.shuffle(cells)
+        for c, kind in cells:
+            time.sleep(0.002)
+            times[(c, kind)].append(timed(*copies[c], kind))
+    medians = {k: [statistics.median(times[(c, k)]) for c in range(len(copies))] for k in spec["flushes"]}
     result = {"kernels": digest, "names": names[:40], "medians": medians}
     del copies, pads, model, inputs
     if cuda:
@@ -162,53 +187,59 @@ def spread(values: list[float]) -> float | None:
     return round(max(values) / min(values) - 1, 4) if len(values) > 1 and min(values) > 0 else None
 
 
-def summarise(processes: list[dict[str, Any]], labels: list[str]) -> list[dict[str, Any]]:
+def summarise(processes: list[dict[str, Any]], labels: list[str], flushes: list[str]) -> list[dict[str, Any]]:
     rows = []
     for label in labels:
         seen = [p["subjects"][label] for p in processes if "medians" in p.get("subjects", {}).get(label, {})]
-        if not seen:
-            continue
-        firsts = [s["medians"][0] for s in seen]
-        pooled = [statistics.median(s["medians"]) for s in seen]
-        inside = [spread(s["medians"]) or 0.0 for s in seen]
-        rows.append(
-            {
-                "subject": label,
-                "processes": len(seen),
-                "kernel_lists": len({s["kernels"] for s in seen}),
-                "median_ms": round(statistics.median(firsts), 4),
-                "first_copy_over_processes": spread(firsts),
-                "copies_inside_a_process": round(statistics.median(inside), 4),
-                "copies_inside_a_process_max": round(max(inside), 4),
-                "all_copies_over_processes": spread(pooled),
-            }
-        )
+        for flush in flushes:
+            if not seen:
+                continue
+            medians = [s["medians"][flush] for s in seen]
+            firsts = [m[0] for m in medians]
+            inside = [spread(m) or 0.0 for m in medians]
+            rows.append(
+                {
+                    "subject": label,
+                    "flush": flush,
+                    "processes": len(seen),
+                    "kernel_lists": len({s["kernels"] for s in seen}),
+                    "median_ms": round(statistics.median(firsts), 4),
+                    "first_copy_over_processes": spread(firsts),
+                    "first_copy_process_sd": round(statistics.stdev(firsts) / statistics.fmean(firsts), 4)
+                    if len(firsts) > 1
+                    else None,
+                    "copies_inside_a_process": round(statistics.median(inside), 4),
+                    "all_copies_over_processes": spread([statistics.median(m) for m in medians]),
+                }
+            )
     return rows
 
 
 def markdown(report: dict[str, Any]) -> str:
     lines = [
-        f"# Kernels or placement: one subject in fresh processes, {report['date']}",
+        f"# Kernels, placement or flush: one subject in fresh processes, {report['date']}",
         "",
         f"{report['environment']['gpu']}, torch {report['environment']['torch']}, commit "
-        f"`{report['environment']['commit']}`; {report['processes']} processes, {report['copies']} "
-        f"copies each in new memory, {report['rounds']} rounds per copy. Spreads are max/min - 1.",
+        f"`{report['environment']['commit']}`; profile {report['profile']}, {report['processes']} processes, "
+        f"{report['copies']} copies each in new memory, {report['rounds']} rounds per copy and flush, "
+        "interleaved. Spreads are max/min - 1; sd is the standard deviation over processes over the mean.",
         "",
-        "| subject | cudnn.benchmark | median ms | kernel lists | first copy over processes "
-        "| copies in one process (median, max) | median of copies over processes |",
-        "|---|---|---|---|---|---|---|",
+        "| subject | cudnn.benchmark | flush | median ms | kernel lists "
+        "| first copy over processes: spread, sd | copies in one process (median) "
+        "| median of copies over processes |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in report["summary"]:
         lines.append(
-            f"| {r['subject']} | {r['cudnn_benchmark']} | {r['median_ms']} | {r['kernel_lists']} "
-            f"| {r['first_copy_over_processes']} "
-            f"| {r['copies_inside_a_process']}, {r['copies_inside_a_process_max']} "
-            f"| {r['all_copies_over_processes']} |"
+            f"| {r['subject']} | {r['cudnn_benchmark']} | {r['flush']} | {r['median_ms']} "
+            f"| {r['kernel_lists']} "
+            f"| {r['first_copy_over_processes']}, {r['first_copy_process_sd']} "
+            f"| {r['copies_inside_a_process']} | {r['all_copies_over_processes']} |"
         )
     errors = [p["error"] for p in report["raw"] if "error" in p]
     errors += [v["error"] for p in report["raw"] for v in p.get("subjects", {}).values() if "error" in v]
     if errors:
-        lines += ["", f"{len(errors)} process(es) failed; the first: `{errors[0][-300:]}`"]
+        lines += ["", f"{len(errors)} process(es) or subjects failed; the first: `{errors[0][-300:]}`"]
     return "\n".join(lines)
 
 
@@ -220,6 +251,13 @@ def main() -> int:
     parser.add_argument("--copies", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=60)
     parser.add_argument(
+        "--flushes",
+        default="write",
+        help="comma list, timed interleaved: write (the evaluator's default lead), spread (timing_flush="
+        "'spread'), warm (no flush: a spin of the lead's length)",
+    )
+    parser.add_argument("--profile", choices=("strict", "kernelbench-v0"), default="strict")
+    parser.add_argument(
         "--both-cudnn-modes",
         action="store_true",
         help="every other process with cudnn.benchmark on (does autotuning steady the choice?)",
@@ -229,7 +267,18 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = parser.parse_args()
     subjects = subjects_for(args.kernels, [t.strip() for t in args.tasks.split(",") if t.strip()])
-    spec = {"subjects": subjects, "copies": args.copies, "rounds": args.rounds, "device": args.device}
+    flushes = [f.strip() for f in args.flushes.split(",") if f.strip()]
+    unknown = sorted(set(flushes) - {"write", "spread", "warm"})
+    if unknown:
+        raise SystemExit(f"--flushes {','.join(unknown)}: choose from write, spread, warm")
+    spec = {
+        "subjects": subjects,
+        "copies": args.copies,
+        "rounds": args.rounds,
+        "device": args.device,
+        "profile": args.profile,
+        "flushes": flushes,
+    }
     modes = [False, True] if args.both_cudnn_modes else [False]
     processes = []
     for index in range(args.processes):
@@ -249,11 +298,14 @@ def main() -> int:
         "processes": args.processes,
         "copies": args.copies,
         "rounds": args.rounds,
+        "profile": args.profile,
         "summary": [
             {"cudnn_benchmark": mode, **row}
             for mode in modes
             for row in summarise(
-                [p for p in processes if p["cudnn_benchmark"] == mode], [s["label"] for s in subjects]
+                [p for p in processes if p["cudnn_benchmark"] == mode],
+                [s["label"] for s in subjects],
+                flushes,
             )
         ],
         "raw": processes,

@@ -18,7 +18,8 @@
 #   evaluator's clocks) benchmarks/idle_clock.py --clocks
 #   (with --idle: alone). PLACEMENT_PROBE (a list of tasks, e.g. 2:33,2:22) runs
 #   benchmarks/placement_probe.py on them first (kernels or memory placement: why a short call
-#   times differently in a fresh process; about 20 s per process and 8 tasks).
+#   times differently in a fresh process; about 20 s per process and 8 tasks), with PLACEMENT_EXTRA
+#   (e.g. "--profile kernelbench-v0 --flushes write,spread,warm") passed through.
 #   --rounds: only benchmarks/round_overhead.py on the GPU: seconds per timed round, this tree
 #   against the older commit exported in .old/ (ROUND_OLD names it, default 9d3bb89; make it with
 #   `mkdir -p .old && git archive <rev> | tar -x -C .old`, carried along).
@@ -134,8 +135,10 @@ elif [[ $REWARD == 1 ]]; then
   [[ -n "${GPU_TESTS:-}" ]] && step gpu-tests python3 -m pytest -q -p no:cacheprovider -m gpu $GPU_TESTS
   [[ -n "${CLOCKS_PROBE:-}" ]] && step clock-probe python3 benchmarks/idle_clock.py --device cuda:0 \
     --clocks "$CLOCKS_PROBE" --out "$RESULTS"
+  # shellcheck disable=SC2086
   [[ -n "${PLACEMENT_PROBE:-}" ]] && step placement-probe python3 benchmarks/placement_probe.py \
-    --kernels "$KERNELS" --tasks "$PLACEMENT_PROBE" --out "$RESULTS" ${GPU_CHECK_TAG:+--tag "$GPU_CHECK_TAG"}
+    --kernels "$KERNELS" --tasks "$PLACEMENT_PROBE" --out "$RESULTS" ${GPU_CHECK_TAG:+--tag "$GPU_CHECK_TAG"} \
+    ${PLACEMENT_EXTRA:-}
   step reward-bench python3 benchmarks/reward_service.py "${REWARD_ARGS[@]}"
 elif [[ $QUICK == 1 ]]; then
   step gpu-tests python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu
