@@ -340,7 +340,6 @@ def baselines(job: Job) -> dict[str, Any]:
         primer_below_ms=job.config.timing_primer_ms,
         clock_mode=job.config.timing_clock,
         lead_us=job.config.timing_lead_us,
-        flush_mode=job.config.timing_flush,
     )
     return {"status": "ok", "samples": run.samples, "unavailable": unavailable}
 

@@ -201,15 +201,6 @@ class EvalConfig(EvaluationSettings):
         "behind the lead the same call timed alike after any wait. CPU launch time beyond the lead "
         "still counts; within it, it does not. 0: none (evaluator 0.5.0).",
     )
-    timing_flush: Literal["write", "spread"] = Field(
-        default="write",
-        description="How the cache flush ends before a timed call on CUDA. 'write' (the default): the lead "
-        "writes the flush buffer, so the call starts with the last-level cache full of that buffer's "
-        "dirty lines, from the same place in memory every call of a process. 'spread': the lead writes a "
-        "window at a random place in a buffer twice the flush's size and then reads it, so the call "
-        "starts with clean lines from a different place each time; it costs one more flush buffer of "
-        "GPU memory per timing process. docs/evaluator.md compares the two on the H200.",
-    )
     timing_primer_ms: float = Field(
         default=0.0,
         ge=0,
@@ -296,8 +287,6 @@ class EvalConfig(EvaluationSettings):
             suffix += f".{self.timing_clock}"
         if self.timing_lead_us != defaults["timing_lead_us"].default:
             suffix += f".lead{self.timing_lead_us:g}us"
-        if self.timing_flush != defaults["timing_flush"].default:
-            suffix += f".flush-{self.timing_flush}"
         return f"{EVALUATOR_VERSION}+{suffix}"
 
     @property

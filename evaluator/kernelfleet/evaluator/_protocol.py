@@ -674,7 +674,6 @@ class Evaluation:
             "cpu": self.timing_cpu,
             "clock": config.timing_clock,
             "lead_us": config.timing_lead_us,
-            "flush_mode": config.timing_flush,
         }
         bank = self.ask_judge({**timing, "seeds": [self.rng.getrandbits(31) for _ in range(3)]})
         count = int(bank["count"])

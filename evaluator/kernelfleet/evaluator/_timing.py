@@ -112,36 +112,25 @@ class _Clock:
         lead_us: float = 0.0,
         flush: torch.Tensor | None = None,
         reps: int | None = None,
-        flush_mode: str = "write",
     ) -> None:
         if mode not in CLOCKS:
             raise ValueError(f"unknown timing clock {mode!r}: use one of {', '.join(CLOCKS)}")
-        if flush_mode not in FLUSH_MODES:
-            raise ValueError(f"unknown flush mode {flush_mode!r}: use one of {', '.join(FLUSH_MODES)}")
         self.cuda = device.type == "cuda"
         self.device = device
         self.mode = mode
         self.lead_reps = 0
-        self.lead: torch.Tensor | None = None
-        self.pool: torch.Tensor | None = None  # flush_mode 'spread': where the lead's window moves
         if self.cuda:
             self.start = CudaEvent(enable_timing=True)
             self.naive_end = CudaEvent(enable_timing=True)
             self.end = CudaEvent(enable_timing=True)
-            if lead_us > 0 and flush is None:
-                flush = torch.empty(LEAD_BYTES, dtype=torch.uint8, device=device)
-            if flush is not None and (lead_us > 0 or flush_mode == "spread"):
-                self.lead = flush
-            if self.lead is not None and flush_mode == "spread":
-                self.pool = torch.empty(2 * self.lead.numel(), dtype=torch.uint8, device=device)
-                self.sink = torch.zeros((), dtype=torch.int64, device=device)
-                self.rng = random.Random()
             if lead_us > 0:
+                self.lead = (
+                    flush if flush is not None else torch.empty(LEAD_BYTES, dtype=torch.uint8, device=device)
+                )
                 self.lead_reps = reps or self._reps_for(lead_us)
 
     def _reps_for(self, us: float) -> int:
         """How many writes of the lead buffer last `us`, from four timed writes."""
-        assert self.lead is not None
         self.lead.zero_()  # the first write loads the kernel
         cuda_synchronize(self.device)
         self.start.record()
@@ -173,7 +162,8 @@ class _Clock:
             out = call()
             finish = perf_counter()
             return (finish - begin) * 1e3, None, None, out
-        self._queue_lead()
+        for _ in range(self.lead_reps):
+            self.lead.zero_()
         self.start.record()
         out = call()
         self.naive_end.record()
@@ -194,27 +184,9 @@ class _Clock:
         full, naive = self.start.elapsed_time(self.end), self.start.elapsed_time(self.naive_end)
         return full, naive, full - naive, out
 
-    def _queue_lead(self) -> None:
-        """The lead's writes; with flush_mode 'spread' they go to a window at a random place in a
-        buffer twice the flush's size, and one read of the window comes last, so that the call
-        starts with the last-level cache holding clean lines from a different place each time."""
-        if self.lead is None:
-            return
-        window = self.lead
-        if self.pool is not None:
-            size = self.lead.numel()
-            start = self.rng.randrange(0, size + 1, SPREAD_ALIGN) if size >= SPREAD_ALIGN else 0
-            window = self.pool.narrow(0, start, size)
-        for _ in range(self.lead_reps):
-            window.zero_()
-        if self.pool is not None:
-            torch.sum(window, dim=0, dtype=torch.int64, out=self.sink)
-
 
 LEAD_BYTES = 64 * 1024 * 1024  # the lead's buffer when there is no flush buffer to write
 MAX_LEAD_REPS = 1000
-FLUSH_MODES = ("write", "spread")
-SPREAD_ALIGN = 2 * 1024 * 1024  # the spread window moves in steps of a GPU's large page
 
 
 def clock_for(request: dict[str, Any], device: torch.device, flush: torch.Tensor | None) -> _Clock:
@@ -226,7 +198,6 @@ def clock_for(request: dict[str, Any], device: torch.device, flush: torch.Tensor
         float(request.get("lead_us") or 0.0),
         flush,
         int(request["reps"]) if request.get("reps") else None,
-        str(request.get("flush_mode") or "write"),
     )
 
 
@@ -257,13 +228,12 @@ def run_timing(
     primer_below_ms: float = 0.0,
     clock_mode: str = "device",
     lead_us: float = 0.0,
-    flush_mode: str = "write",
 ) -> TimingRun:
     """Time every subject `trials` times after `warmup` rounds; `check_round` sees each round's
     outputs and returns a problem or None; `release` disposes of them. Warm-up calls are primed
     whenever `primer_below_ms` is set; timed calls as `wants_primer` decides from them."""
     flush = torch.empty(flush_bytes, dtype=torch.uint8, device=device) if flush_bytes > 0 else None
-    clock = _Clock(device, clock_mode, lead_us, flush, flush_mode=flush_mode)
+    clock = _Clock(device, clock_mode, lead_us, flush)
     warm: dict[str, list[float]] = {s.label: [] for s in subjects}
     prime = primer_below_ms > 0
     run = TimingRun({s.label: [] for s in subjects}, {s.label: [] for s in subjects})

@@ -262,16 +262,6 @@ def test_the_device_clock_setting_reaches_both_sides() -> None:
     assert result.speedup is not None and result.environment.evaluator_version.endswith(".device")
 
 
-def test_the_spread_flush_setting_reaches_both_sides() -> None:
-    """timing_flush='spread' travels with the timing request like the clock: on the CPU there is
-    no lead to spread, so the verdict and the speedup stand, and the version names the setting."""
-    result = slow_pair(
-        correctness_trials=1, timing_trials=7, timing_retries=0, max_speedup_cv=None, timing_flush="spread"
-    )
-    assert result.verdict == Verdict.CORRECT, result.reasons
-    assert result.speedup is not None and result.environment.evaluator_version.endswith(".flush-spread")
-
-
 # ---------------------------------------------------------------- the primer before short calls
 
 # Wrong in a pinned (timed) call unless the call before it repeated the values of the call before

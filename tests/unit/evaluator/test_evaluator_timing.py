@@ -178,17 +178,12 @@ def test_the_primer_rule_times_both_sides_alike() -> None:
 def test_an_unknown_clock_is_refused_with_the_choices() -> None:
     with pytest.raises(ValueError, match="device, stream"):
         _Clock(torch.device("cpu"), "wall")
-    with pytest.raises(ValueError, match="write, spread"):
-        _Clock(torch.device("cpu"), "stream", flush_mode="rotate")
 
 
 def test_a_timing_request_names_the_clock_both_sides_use() -> None:
     clock = clock_for({"clock": "stream", "lead_us": 500, "reps": 6}, torch.device("cpu"), None)
     assert clock.mode == "stream" and clock.lead_reps == 0  # the CPU has no GPU to lead
     assert clock_for({}, torch.device("cpu"), None).mode == "device"  # a request from before the setting
-    # The flush setting travels too; on the CPU there is no lead to spread.
-    spread = clock_for({"clock": "stream", "flush_mode": "spread"}, torch.device("cpu"), torch.empty(8))
-    assert spread.lead is None and spread.pool is None
 
 
 def test_the_cpu_clock_is_the_same_whatever_the_gpu_clock_setting() -> None:
