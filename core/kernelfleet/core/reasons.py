@@ -55,6 +55,7 @@ NATIVE_THREADS = "native-threads"
 TRACE_UNAVAILABLE = "trace-unavailable"
 SETTING_APPLIED = "setting-applied"
 REFERENCE_REUSED = "reference-reused"  # the reference's timing came from earlier in the session
+POOLED = "timing-pooled"  # timed in several fresh process pairs (EvalConfig.timing_processes)
 NOT_EVALUATED = "not-evaluated"
 
 REJECTING = frozenset(

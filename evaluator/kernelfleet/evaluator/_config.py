@@ -201,6 +201,17 @@ class EvalConfig(EvaluationSettings):
         "behind the lead the same call timed alike after any wait. CPU launch time beyond the lead "
         "still counts; within it, it does not. 0: none (evaluator 0.5.0).",
     )
+    timing_processes: int = Field(
+        default=1,
+        ge=1,
+        le=4,
+        description="Fresh process pairs (judge and candidate) that time a correct candidate; their "
+        "calls are pooled into one speedup whose interval also spans each pair's own. A process keeps a "
+        "small offset for its whole life (on the H200 1-2 us per short call, a few per cent of a 50 us "
+        "call, and 20% for one cuDNN convolution with the same kernels in every process), which no number "
+        "of rounds inside it averages out; more pairs do. Each pair is a whole evaluation (loading and "
+        "correctness too). 1: one pair, as KernelBench.",
+    )
     timing_primer_ms: float = Field(
         default=0.0,
         ge=0,
@@ -287,6 +298,8 @@ class EvalConfig(EvaluationSettings):
             suffix += f".{self.timing_clock}"
         if self.timing_lead_us != defaults["timing_lead_us"].default:
             suffix += f".lead{self.timing_lead_us:g}us"
+        if self.timing_processes != defaults["timing_processes"].default:
+            suffix += f".pairs{self.timing_processes}"
         return f"{EVALUATOR_VERSION}+{suffix}"
 
     @property

@@ -15,6 +15,7 @@ import pytest
 from kernelfleet.core.models import EvaluationResult, Task, Verdict
 from kernelfleet.evaluator import EvalConfig, Evaluator
 from kernelfleet.evaluator import reasons as R
+from kernelfleet.evaluator._evaluator import pool_pairs
 from kernelfleet.evaluator._timing import AdaptiveTiming, adaptive_timing, decide, speedup_interval
 from tests.support import evaluator_cases as C
 
@@ -260,6 +261,62 @@ def test_the_device_clock_setting_reaches_both_sides() -> None:
     )
     assert result.verdict == Verdict.CORRECT, result.reasons
     assert result.speedup is not None and result.environment.evaluator_version.endswith(".device")
+
+
+# ---------------------------------------------------------------- several process pairs
+
+
+def test_two_process_pairs_time_one_candidate_and_their_calls_are_pooled() -> None:
+    """timing_processes=2: a second fresh pair times the candidate again; the result holds both
+    pairs' calls, names the pairs' own speedups, and its interval spans them."""
+    result = slow_pair(
+        correctness_trials=1,
+        timing_trials=7,
+        timing_retries=0,
+        max_speedup_cv=None,
+        keep_samples=True,
+        timing_processes=2,
+    )
+    assert result.verdict == Verdict.CORRECT, result.reasons
+    assert result.candidate is not None and result.candidate.trials == 14
+    assert result.environment.evaluator_version.endswith(".pairs2")
+    pooled = [r for r in result.reasons if R.reason_code(r) == R.POOLED]
+    assert len(pooled) == 1 and "2 fresh process pairs" in pooled[0], result.reasons
+    assert result.speedup is not None and result.speedup_ci is not None
+    assert result.speedup_ci[0] <= result.speedup <= result.speedup_ci[1]
+    assert result.stages.get("more_pairs", 0.0) > 0
+
+
+def pair_answer(reference: list[float], candidate: list[float], stream: bool = True) -> dict[str, Any]:
+    answer: dict[str, Any] = {"reference_ms": reference, "candidate_ms": candidate}
+    if stream:
+        answer |= {"reference_stream_ms": reference, "candidate_stream_ms": candidate}
+    return answer
+
+
+def test_pooled_pairs_give_one_speedup_whose_interval_holds_each_pairs_own() -> None:
+    """Two pairs whose processes kept different offsets (2.0x and 2.4x, each tight): the pooled
+    speedup is their geometric mean, the sides' medians keep reference over candidate equal to
+    it, and the interval, which rounds inside one pair could never widen that far, holds both."""
+    rng = random.Random(3)
+    first = pair_answer(
+        [2.0 + rng.gauss(0, 0.002) for _ in range(30)], [1.0 + rng.gauss(0, 0.001) for _ in range(30)]
+    )
+    second = pair_answer(
+        [2.4 + rng.gauss(0, 0.002) for _ in range(30)], [1.0 + rng.gauss(0, 0.001) for _ in range(30)]
+    )
+    pooled = pool_pairs([first, second], keep=True)
+    assert [round(s, 1) for s in pooled.pair_speedups] == [2.0, 2.4]
+    assert pooled.speedup == pytest.approx((pooled.pair_speedups[0] * pooled.pair_speedups[1]) ** 0.5)
+    assert pooled.timings[0].median_ms / pooled.timings[1].median_ms == pytest.approx(pooled.speedup)
+    assert pooled.interval[0] <= min(pooled.pair_speedups) and pooled.interval[1] >= max(pooled.pair_speedups)
+    reference, candidate = pooled.timings
+    assert reference.trials == candidate.trials == 60
+    assert candidate.samples_ms is not None and candidate.stream_samples_ms is not None
+    # A pair without stream figures (the CPU) leaves the pooled timing without them too.
+    plain = pool_pairs([first, pair_answer([2.0] * 30, [1.0] * 30, stream=False)], keep=True)
+    assert plain.timings[1].stream_samples_ms is None
+    assert pooled.describe().startswith("timed in 2 fresh process pairs (2.0")
 
 
 # ---------------------------------------------------------------- the primer before short calls
