@@ -207,7 +207,7 @@ class EvalConfig(EvaluationSettings):
         le=4,
         description="Fresh process pairs (judge and candidate) that time a correct candidate; their "
         "calls are pooled into one speedup whose interval also spans each pair's own. A process keeps a "
-        "small offset for its whole life (on the H200 1-2 us per short call, a few per cent of a 50 us "
+        "small offset for its whole life (on the H200 1-3 us per short call, a few per cent of a 50 us "
         "call, and 20% for one cuDNN convolution with the same kernels in every process), which no number "
         "of rounds inside it averages out; more pairs do. Each pair is a whole evaluation (loading and "
         "correctness too). 1: one pair, as KernelBench.",
