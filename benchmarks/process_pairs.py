@@ -56,7 +56,8 @@ def analyse(report: dict[str, Any], min_ms: float) -> dict[str, Any]:
     by_row = [
         {row["row"]: row for row in run["rows"] if len(row.get("samples", [])) == 2} for run in runs[:2]
     ]
-    rows, figures = [], {"single": [], "geometric mean": [], "pooled median": []}
+    rows: list[dict[str, Any]] = []
+    figures: dict[str, list[float]] = {"single": [], "geometric mean": [], "pooled median": []}
     for index in sorted(set(by_row[0]) & set(by_row[1])):
         (w1, w2), (s1, s2) = by_row[0][index]["samples"], by_row[1][index]["samples"]
         if statistics.median(w1["candidate"]) < min_ms:
