@@ -179,6 +179,33 @@ class ModelNew(nn.Module):
         return out
 """
 
+# Finds the harness's clock in its caller's frames while timed and rebinds the instance's measure
+# so that its answers lose the caller's-stream figure and the spill: the figures the side-stream
+# check compares. The harness's own classes stay untouched, so identity checks see nothing.
+STREAM_FIGURES_DROPPED = """
+import sys
+import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def forward(self, A, B):
+        frame = sys._getframe(1)
+        while frame is not None:
+            clock = getattr(frame.f_locals.get("self"), "clock", None)
+            if clock is not None and "measure" not in vars(clock):
+                real = clock.measure
+
+                def measure(call, _real=real):
+                    sample, _, _, out = _real(call)
+                    return sample, None, None, out
+
+                clock.measure = measure
+                break
+            frame = frame.f_back
+        return torch.relu(A @ B)
+"""
+
 CUDA_OOM = """
 import torch
 import torch.nn as nn
@@ -206,6 +233,14 @@ def test_side_stream_work_is_rejected_and_its_honest_twin_passes() -> None:
     honest = judge(BIG_MATMUL_TASK, SIDE_STREAM_HONEST)
     assert honest.verdict == Verdict.CORRECT, honest.reasons
     assert honest.speedup is not None
+
+
+def test_a_gpu_timing_without_its_stream_figures_is_rejected() -> None:
+    """Without the caller's-stream figure and the spill the side-stream check has nothing to
+    compare: a candidate's process that answers a GPU timing without them is broken."""
+    result = judge(C.MATMUL_TASK, STREAM_FIGURES_DROPPED)
+    assert result.verdict == Verdict.REJECTED, result.reasons
+    assert R.codes(result.reasons) & {R.HARNESS_BROKEN, R.HARNESS_PATCHED}, result.reasons
 
 
 def test_load_inline_kernel_honest_stale_and_illegal_access() -> None:
