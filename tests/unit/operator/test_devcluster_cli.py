@@ -4,6 +4,7 @@ runs, and how it finds and stops the processes of a cluster it started earlier."
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -154,3 +155,26 @@ def test_the_build_script_in_the_checkout_is_the_packaged_one() -> None:
         env={**os.environ, "KERNELFLEET_CACHE": "/somewhere/cache"},
     )
     assert result.stdout.strip() == "/somewhere/cache/bin"
+
+
+def test_free_ports_come_from_below_the_ephemeral_range_and_are_free(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A port from the ephemeral range can become the source port of any outgoing connection
+    before its server binds it; below the range only a listener can take it."""
+    from kernelfleet.operator.devcluster import _process
+
+    low = _process._ephemeral_low()
+    ports = {_process.free_port() for _ in range(20)}
+    for port in ports:
+        assert low <= 1 + _process._FIRST_PORT or _process._FIRST_PORT <= port < low
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", port))  # nothing took it
+    assert len(ports) > 1  # drawn at random, not one fixed port
+    ranges = tmp_path / "ip_local_port_range"
+    ranges.write_text("1024\t65000\n")
+    assert _process._ephemeral_low(ranges) == 1024
+    assert _process._ephemeral_low(tmp_path / "missing") == 32768
+    # A range that leaves no room below it: the kernel picks, as before.
+    monkeypatch.setattr(_process, "_ephemeral_low", lambda: 1024)
+    assert _process.free_port() > 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -69,9 +70,39 @@ def wait_for(what: str, check: Callable[[], Any], timeout: float) -> Any:
 
 
 def free_port() -> int:
+    """A loopback port that nothing listens on, for a server to bind a moment later.
+
+    Drawn at random from below the kernel's ephemeral range: a port the kernel itself hands out
+    (binding port 0) is also what it gives the next outgoing connection as its source port, and
+    a test run opens many (clients of the API server, of MinIO), so such a port was taken before
+    its server bound it often enough to fail a run ('address already in use'). Below the range
+    only another listener can take it. Where the range leaves no room below it, the kernel picks."""
+    low = _ephemeral_low()
+    for _ in range(64):
+        if low - 1 <= _FIRST_PORT:
+            break
+        port = _random.randrange(_FIRST_PORT, low)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+_FIRST_PORT = 10000  # below, the well-known and registered services most machines run
+_random = random.SystemRandom()
+
+
+def _ephemeral_low(path: Path = Path("/proc/sys/net/ipv4/ip_local_port_range")) -> int:
+    """The first port of the kernel's ephemeral range (Linux's default: 32768)."""
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 class ProcessRecord(BaseModel):
