@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_evaluator import commit  # $KERNELFLEET_COMMIT, else git
+from process_spread import spread
 from reward_service import is_native, load_workload
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -181,10 +182,6 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
         return {"error": done.stderr[-600:]}
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
-
-
-def spread(values: list[float]) -> float | None:
-    return round(max(values) / min(values) - 1, 4) if len(values) > 1 and min(values) > 0 else None
 
 
 def summarise(processes: list[dict[str, Any]], labels: list[str], flushes: list[str]) -> list[dict[str, Any]]:

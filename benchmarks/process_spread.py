@@ -73,7 +73,8 @@ def run_child(cpu: str) -> dict[str, Any]:
 
 
 def spread(values: list[float]) -> float | None:
-    return round(max(values) / min(values) - 1, 4) if len(values) > 1 else None
+    """max/min - 1 over the processes' medians (4 decimals); None for fewer than two."""
+    return round(max(values) / min(values) - 1, 4) if len(values) > 1 and min(values) > 0 else None
 
 
 def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
