@@ -129,6 +129,13 @@ MODES: dict[str, Mode] = {
             about="evaluate_batch, correctness of the other slots running beside each timing",
         ),
         Mode(
+            "pipeline-two-pairs",
+            "batch",
+            {"timing_processes": 2},
+            needs_field="timing_processes",
+            about="evaluate_batch, each speedup pooled over two fresh process pairs",
+        ),
+        Mode(
             "pipeline-no-reuse",
             "batch",
             {"reference_reuse": False},
