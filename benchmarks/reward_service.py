@@ -129,11 +129,11 @@ MODES: dict[str, Mode] = {
             about="evaluate_batch, correctness of the other slots running beside each timing",
         ),
         Mode(
-            "pipeline-two-pairs",
+            "pipeline-one-pair",
             "batch",
-            {"timing_processes": 2},
+            {"timing_processes": 1},
             needs_field="timing_processes",
-            about="evaluate_batch, each speedup pooled over two fresh process pairs",
+            about="evaluate_batch, each candidate timed in one process pair (evaluator 0.7.0's default)",
         ),
         Mode(
             "pipeline-no-reuse",

@@ -36,6 +36,7 @@ GPU: dict[str, Any] = {
     "max_speedup_cv": None,
     "timing_retries": 1,
     "speedup_recheck": None,
+    "timing_processes": 1,  # one pair: these tests are about what happens inside one
     "timeout_seconds": 300.0,
     "memory_limit": "8Gi",
     "scratch_bytes": 256 * 1024**2,

@@ -32,6 +32,7 @@ GPU = {
     "warmup": 3,
     "max_speedup_cv": None,
     "speedup_recheck": None,
+    "timing_processes": 1,  # one pair: these tests are about what happens inside one
     "timeout_seconds": 300.0,
     "compile_timeout_s": 600.0,
 }

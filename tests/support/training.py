@@ -21,6 +21,7 @@ FAST_EVAL: dict[str, Any] = {
     "timing_trials": 5,
     "warmup": 1,
     "speedup_recheck": None,
+    "timing_processes": 1,  # one pair: these tests are about what happens inside one
     "max_speedup_cv": None,
     "baseline_modes": ("eager",),
 }

@@ -130,7 +130,11 @@ class EvalConfig(EvaluationSettings):
     device: Device = Field(default="cpu", description="'cpu', 'cuda' (all local GPUs) or 'cuda:N'.")
     compile_timeout_s: float = Field(default=180.0, gt=0)
     speedup_recheck: float | None = Field(
-        default=3.0, description="Speedups at or above this are re-timed in a fresh process."
+        default=3.0,
+        description="Speedups at or above this are re-timed in a fresh process pair, and the lower of "
+        "the two counts. With timing_processes of 2 or more the pairs after the first are that re-check: "
+        "their pooled speedup counts, or the lowest pair's when they disagree by more than "
+        "recheck_tolerance. None: no re-check.",
     )
     recheck_tolerance: float = Field(
         default=0.2, ge=0, description="Relative disagreement of the two timings that is reported."
@@ -200,17 +204,6 @@ class EvalConfig(EvaluationSettings):
         "reached the idle H200 up to 0.2 ms late, by an amount that changed from process to process; "
         "behind the lead the same call timed alike after any wait. CPU launch time beyond the lead "
         "still counts; within it, it does not. 0: none (evaluator 0.5.0).",
-    )
-    timing_processes: int = Field(
-        default=1,
-        ge=1,
-        le=4,
-        description="Fresh process pairs (judge and candidate) that time a correct candidate; their "
-        "calls are pooled into one speedup whose interval also spans each pair's own. A process keeps a "
-        "small offset for its whole life (on the H200 1-3 us per short call, a few per cent of a 50 us "
-        "call, and 20% for one cuDNN convolution with the same kernels in every process), which no number "
-        "of rounds inside it averages out; more pairs do. Each pair is a whole evaluation (loading and "
-        "correctness too). 1: one pair, as KernelBench.",
     )
     timing_primer_ms: float = Field(
         default=0.0,

@@ -88,6 +88,7 @@ class PooledTiming:
     interval: tuple[float, float]
     timings: tuple[Timing, Timing]  # reference, candidate: every pair's calls
     pair_speedups: tuple[float, ...]
+    pair_intervals: tuple[tuple[float, float], ...]  # each pair's own bootstrap interval
 
     def describe(self) -> str:
         each = ", ".join(f"{s:.3f}x" for s in self.pair_speedups)
@@ -135,7 +136,25 @@ def pool_pairs(answers: Sequence[dict[str, Any]], keep: bool) -> PooledTiming:
         ),
         timings=(timings[0], timings[1]),
         pair_speedups=ratios,
+        pair_intervals=tuple((e.low, e.high) for e in estimates),
     )
+
+
+def recheck_of_pairs(pooled: PooledTiming, config: EvalConfig) -> tuple[str, int | None] | None:
+    """The re-check that several process pairs already are, so that none is timed after them:
+    every pair after the first is a fresh, paired measurement, which is all a re-check is. None
+    when no pair's speedup reaches `speedup_recheck`; else the reason to report and, when the
+    pairs disagree by more than `recheck_tolerance`, the pair with the lowest speedup, whose
+    figures then count (as the lower of a first timing and its re-check does), else None: the
+    pooled speedup counts."""
+    ratios = pooled.pair_speedups
+    if config.speedup_recheck is None or max(ratios) < config.speedup_recheck:
+        return None
+    low = min(range(len(ratios)), key=ratios.__getitem__)
+    each = ", then ".join(f"{ratio:.2f}x" for ratio in ratios)
+    if 1 - ratios[low] / max(ratios) > config.recheck_tolerance:
+        return R.reason(R.NOT_REPRODUCIBLE, f"{each} in fresh process pairs; the lowest counts"), low
+    return R.reason(R.RECHECKED, f"{each} in fresh process pairs; their pooled speedup counts"), None
 
 
 class TaskError(UsageError):
@@ -542,7 +561,11 @@ class Evaluator:
         toolchain = f"{toolchain_tag()}-sm{arch.replace('.', '').replace(' ', '_').replace(';', '_')}"
         return self.config.build_root / "builds" / f"torch-{torch_tag}" / toolchain / source_hash(code)[:24]
 
-    def _failure(self, outcome: Outcome, item: _Item, lane: _Lane, what: str) -> EvaluationResult:
+    def _failure(
+        self, outcome: Outcome, item: _Item, lane: _Lane, what: str, spent: float = 0.0
+    ) -> EvaluationResult:
+        """The result of a child that gave no answer, or the judge's error; `spent`: seconds of
+        the timeout that earlier process pairs of this evaluation used."""
         if outcome.cancelled:
             raise EvaluationCancelled(f"{what} the candidate was cancelled")
         if outcome.timed_out:
@@ -550,6 +573,11 @@ class Evaluator:
                 limit = f"{item.config.compile_timeout_s:g} s of CPU time"
             else:
                 limit = f"{item.config.timeout_seconds:g} s"
+                if spent > 0:
+                    limit += (
+                        " (timeout_seconds bounds the whole evaluation;"
+                        f" earlier process pairs used {spent:.1f} s)"
+                    )
             return self._result(
                 item,
                 lane,
@@ -614,11 +642,13 @@ class Evaluator:
 
         return keep
 
-    def _child(self, item: _Item, lane: _Lane, *, reuse: bool = True) -> Outcome:
+    def _child(self, item: _Item, lane: _Lane, *, reuse: bool = True, spent: float = 0.0) -> Outcome:
         """One evaluation (a judge and a candidate process) on `lane`; it holds the lane's
         timing lock, and the machine-wide lock of the device, while it times. `reuse`: the
         reference's timing may come from the session's bank (never for a re-check, which is an
-        independent, paired measurement)."""
+        independent, paired measurement). `spent`: seconds of `timeout_seconds` that earlier
+        process pairs of the same evaluation used; this one has what is left of it, since the
+        timeout bounds the whole evaluation, however many pairs it takes."""
         held = False
 
         device = DeviceLock(lane.device_id)
@@ -654,7 +684,7 @@ class Evaluator:
                 item.task.code,
                 item.code,
                 self._seed(config),
-                timeout=config.timeout_seconds,
+                timeout=max(0.001, config.timeout_seconds - spent),
                 cancel=item.cancel,
                 take_lane=take_lane,
                 release_lane=release_lane,
@@ -713,16 +743,18 @@ class Evaluator:
             candidate = timing_from(
                 answer["candidate_ms"], config.keep_samples, answer.get("candidate_stream_ms")
             )
+        rechecked, spent = False, outcome.counted_s
         if verdict == "correct" and speedup is not None and config.timing_processes > 1:
             answers = [answer]
             while len(answers) < config.timing_processes:
                 begin = time.monotonic()
-                more = self._child(item, lane, reuse=False)
+                more = self._child(item, lane, reuse=False, spent=spent)
                 item.stages["more_pairs"] = item.stages.get("more_pairs", 0.0) + time.monotonic() - begin
                 extra = more.answer
                 if extra is None or extra.get("status") != "ok":
-                    failed = self._failure(more, item, lane, f"timing in process pair {len(answers) + 1}")
+                    failed = self._failure(more, item, lane, "re-timing", spent)
                     return failed.model_copy(update={"seconds": round(time.monotonic() - started, 3)})
+                spent += more.counted_s
                 if extra["verdict"] != "correct" or not extra.get("reference_ms"):
                     reasons += [f"{t} (process pair {len(answers) + 1})" for t in extra["reasons"]]
                     verdict, speedup = extra["verdict"], None
@@ -732,13 +764,32 @@ class Evaluator:
                 pooled = pool_pairs(answers, config.keep_samples)
                 speedup, interval, reference, candidate = pooled.speedup, pooled.interval, *pooled.timings
                 reasons.append(R.reason(R.POOLED, pooled.describe()))
-        if verdict == "correct" and speedup is not None and self._needs_recheck(speedup, config):
+                check = recheck_of_pairs(pooled, config)
+                if check is not None:
+                    rechecked, (reason, low) = True, check
+                    reasons.append(reason)
+                    if low is not None:
+                        speedup, interval = pooled.pair_speedups[low], pooled.pair_intervals[low]
+                        reference, candidate = (
+                            timing_from(
+                                answers[low][f"{side}_ms"],
+                                config.keep_samples,
+                                answers[low].get(f"{side}_stream_ms"),
+                            )
+                            for side in ("reference", "candidate")
+                        )
+        if (
+            verdict == "correct"
+            and speedup is not None
+            and not rechecked
+            and self._needs_recheck(speedup, config)
+        ):
             begin = time.monotonic()
-            recheck = self._child(item, lane, reuse=False)
+            recheck = self._child(item, lane, reuse=False, spent=spent)
             item.stages["recheck"] = time.monotonic() - begin
             second = recheck.answer
             if second is None or second.get("status") != "ok":
-                failed = self._failure(recheck, item, lane, "re-timing")
+                failed = self._failure(recheck, item, lane, "re-timing", spent)
                 return failed.model_copy(update={"seconds": round(time.monotonic() - started, 3)})
             if second["verdict"] != "correct":
                 reasons += [f"{t} (re-check)" for t in second["reasons"]]

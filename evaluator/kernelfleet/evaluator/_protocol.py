@@ -72,7 +72,7 @@ class Outcome:
     exit_description: str = ""
     log: str = ""
     seconds: float = 0.0
-    lane_wait_s: float = 0.0
+    counted_s: float = 0.0  # of `seconds`, what counts against the timeout: waits for the device excluded
     isolation: str = ""
 
 
@@ -161,7 +161,6 @@ class Evaluation:
         self.judge: SandboxChild | None = None
         self.cand: SandboxChild | None = None
         self.deadline = 0.0
-        self.waited = 0.0
         self.dtypes: list[str] = []
         self.ref_low: dict[str, list[str]] = {}
         self.ref_compute: set[str] | None = None
@@ -364,7 +363,7 @@ class Evaluation:
             exit_description=description,
             log=log,
             seconds=time.monotonic() - started,
-            lane_wait_s=self.waited,
+            counted_s=max(0.0, self.timeout - (self.deadline - time.monotonic())),
             isolation=self.sides.level,
         )
 
@@ -652,7 +651,6 @@ class Evaluation:
             with self.stage("lane_wait"):
                 self.take_lane()
         waited = time.monotonic() - begin
-        self.waited += waited
         self.deadline += waited  # waiting for the device is not the candidate's time
         self.timing_now = True
         try:

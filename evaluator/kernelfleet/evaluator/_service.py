@@ -53,6 +53,7 @@ REQUEST_OPTIONS = frozenset(
         "timeout_seconds",
         "speedup_recheck",
         "timing_precision",
+        "timing_processes",
         "keep_samples",
     }
 )

@@ -188,6 +188,8 @@ def eval_command(spec: TrainingRunSpec) -> list[str]:
         str(evaluation.correctness_trials),
         "--trials",
         str(evaluation.timing_trials),
+        "--timing-processes",
+        str(evaluation.timing_processes),
     ]
 
 

@@ -14,8 +14,10 @@ import pytest
 
 from kernelfleet.core.models import EvaluationResult, Task, Verdict
 from kernelfleet.evaluator import EvalConfig, Evaluator
+from kernelfleet.evaluator import _evaluator as evaluator_module
 from kernelfleet.evaluator import reasons as R
-from kernelfleet.evaluator._evaluator import pool_pairs
+from kernelfleet.evaluator._evaluator import PooledTiming, pool_pairs, recheck_of_pairs
+from kernelfleet.evaluator._protocol import Outcome
 from kernelfleet.evaluator._timing import AdaptiveTiming, adaptive_timing, decide, speedup_interval
 from tests.support import evaluator_cases as C
 
@@ -100,7 +102,16 @@ def test_the_interval_covers_the_truth() -> None:
 
 def slow_pair(candidate: str = C.SLOW_TASK_FAST, **settings: Any) -> EvaluationResult:
     """The slow task against its fast candidate (a real speedup of about 4x) on the CPU."""
-    config = EvalConfig(device="cpu", warmup=2, flush_bytes=0, speedup_recheck=None, **settings)
+    config = EvalConfig(
+        **{
+            "device": "cpu",
+            "warmup": 2,
+            "flush_bytes": 0,
+            "speedup_recheck": None,
+            "timing_processes": 1,
+            **settings,
+        }
+    )
     with Evaluator(config) as evaluator:
         return evaluator.evaluate(Task(name="slow", code=C.SLOW_TASK), candidate)
 
@@ -260,15 +271,33 @@ def test_the_device_clock_setting_reaches_both_sides() -> None:
         correctness_trials=1, timing_trials=7, timing_retries=0, max_speedup_cv=None, timing_clock="device"
     )
     assert result.verdict == Verdict.CORRECT, result.reasons
-    assert result.speedup is not None and result.environment.evaluator_version.endswith(".device")
+    assert result.speedup is not None and result.environment.evaluator_version.endswith(".device.pairs1")
 
 
 # ---------------------------------------------------------------- several process pairs
 
 
-def test_two_process_pairs_time_one_candidate_and_their_calls_are_pooled() -> None:
+def test_two_process_pairs_time_one_candidate_and_their_calls_are_pooled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """timing_processes=2: a second fresh pair times the candidate again; the result holds both
-    pairs' calls, names the pairs' own speedups, and its interval spans them."""
+    pairs' calls, names the pairs' own speedups, and its interval spans them. The speedup (about
+    4x) reaches speedup_recheck, and the second pair is its re-check: no third pair is timed.
+    timeout_seconds bounds the pairs together: the second has what the first left of it."""
+    timeouts: list[float] = []
+    counted: list[float] = []
+
+    class Recorded(evaluator_module.Evaluation):
+        def __init__(self, *args: Any, timeout: float, **kwargs: Any) -> None:
+            timeouts.append(timeout)
+            super().__init__(*args, timeout=timeout, **kwargs)
+
+        def run(self) -> Outcome:
+            outcome = super().run()
+            counted.append(outcome.counted_s)
+            return outcome
+
+    monkeypatch.setattr(evaluator_module, "Evaluation", Recorded)
     result = slow_pair(
         correctness_trials=1,
         timing_trials=7,
@@ -276,15 +305,22 @@ def test_two_process_pairs_time_one_candidate_and_their_calls_are_pooled() -> No
         max_speedup_cv=None,
         keep_samples=True,
         timing_processes=2,
+        speedup_recheck=1.5,
+        timeout_seconds=120,
     )
+    assert len(timeouts) == 2 and timeouts[0] == 120 and 0 < counted[0] < 120
+    assert timeouts[1] == pytest.approx(120 - counted[0])
     assert result.verdict == Verdict.CORRECT, result.reasons
-    assert result.candidate is not None and result.candidate.trials == 14
-    assert result.environment.evaluator_version.endswith(".pairs2")
+    codes = set(R.codes(result.reasons))
+    assert {R.RECHECKED, R.NOT_REPRODUCIBLE} & codes, result.reasons
+    # Pairs that agree keep both pairs' calls; pairs a loaded CPU pulled apart keep the lowest's.
+    assert result.candidate is not None and result.candidate.trials == (14 if R.RECHECKED in codes else 7)
+    assert "pairs" not in result.environment.evaluator_version  # two pairs are the default
     pooled = [r for r in result.reasons if R.reason_code(r) == R.POOLED]
     assert len(pooled) == 1 and "2 fresh process pairs" in pooled[0], result.reasons
     assert result.speedup is not None and result.speedup_ci is not None
     assert result.speedup_ci[0] <= result.speedup <= result.speedup_ci[1]
-    assert result.stages.get("more_pairs", 0.0) > 0
+    assert result.stages.get("more_pairs", 0.0) > 0 and "recheck" not in result.stages
 
 
 def pair_answer(reference: list[float], candidate: list[float], stream: bool = True) -> dict[str, Any]:
@@ -317,6 +353,35 @@ def test_pooled_pairs_give_one_speedup_whose_interval_holds_each_pairs_own() -> 
     plain = pool_pairs([first, pair_answer([2.0] * 30, [1.0] * 30, stream=False)], keep=True)
     assert plain.timings[1].stream_samples_ms is None
     assert pooled.describe().startswith("timed in 2 fresh process pairs (2.0")
+
+
+def pairs_at(*ratios: float) -> PooledTiming:
+    """Pairs whose own speedups are `ratios` (tight calls around them), pooled."""
+    rng = random.Random(5)
+    return pool_pairs(
+        [
+            pair_answer(
+                [r + rng.gauss(0, 0.001) for _ in range(30)], [1.0 + rng.gauss(0, 0.0005) for _ in range(30)]
+            )
+            for r in ratios
+        ],
+        keep=False,
+    )
+
+
+def test_several_pairs_are_the_recheck_of_a_large_speedup() -> None:
+    """A pair at or above speedup_recheck makes the pairs the re-check (no further pair is timed):
+    pairs that agree keep the pooled speedup; pairs that disagree beyond recheck_tolerance are
+    not reproducible and the lowest pair counts, as the lower of a timing and its re-check does."""
+    config = EvalConfig(timing_processes=2)
+    assert recheck_of_pairs(pairs_at(2.0, 2.1), config) is None
+    agree = recheck_of_pairs(pairs_at(4.0, 3.9), config)
+    assert agree is not None and agree[1] is None and R.reason_code(agree[0]) == R.RECHECKED
+    # One pair fast enough to be re-checked is enough, though the pooled speedup is not.
+    apart = recheck_of_pairs(pairs_at(1.2, 5.0), config)
+    assert apart is not None and apart[1] == 0 and R.reason_code(apart[0]) == R.NOT_REPRODUCIBLE
+    assert "1.20x, then 5.00x" in apart[0]
+    assert recheck_of_pairs(pairs_at(1.2, 5.0), EvalConfig(timing_processes=2, speedup_recheck=None)) is None
 
 
 # ---------------------------------------------------------------- the primer before short calls

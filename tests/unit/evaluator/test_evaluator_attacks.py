@@ -30,6 +30,7 @@ FAST: dict[str, Any] = {
     "max_speedup_cv": None,
     "timing_retries": 1,
     "speedup_recheck": None,
+    "timing_processes": 1,  # one pair: these tests are about what happens inside one
     "seed": 20261201,
     "timeout_seconds": 120.0,
     "memory_limit": "2Gi",

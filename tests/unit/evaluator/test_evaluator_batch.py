@@ -29,6 +29,7 @@ FAST: dict[str, Any] = {
     "flush_bytes": 0,
     "max_speedup_cv": None,
     "speedup_recheck": None,
+    "timing_processes": 1,  # one pair: these tests are about what happens inside one
 }
 MATMUL = Task(name="matmul", code=C.MATMUL_TASK)
 
@@ -80,7 +81,7 @@ def test_result_environment_and_version(tmp_path: Path) -> None:
         result = evaluator.evaluate(MATMUL, C.HONEST)
     env = result.environment
     assert env.device == "cpu" and env.gpu_class == "cpu" and env.torch
-    assert env.evaluator_version.endswith("+kernelbench-v0")
+    assert env.evaluator_version.endswith("+kernelbench-v0.pairs1")  # FAST times in one process pair
     assert result.profile == "kernelbench-v0"
     assert result.key.path().startswith("results/")
 
@@ -228,7 +229,7 @@ cache = DirectoryResultCache(sys.argv[1])
 slow = C.HONEST.replace("return torch.relu(torch.mm(A, B))", "import time; time.sleep(60); return A")
 items = [(Task(name="m", code=C.MATMUL_TASK), code) for code in (C.HONEST, C.WRONG_RESULT, slow)]
 config = EvalConfig(device="cpu", correctness_trials=2, timing_trials=3, warmup=1, flush_bytes=0,
-                    max_speedup_cv=None, speedup_recheck=None, timeout_seconds=300)
+                    max_speedup_cv=None, speedup_recheck=None, timeout_seconds=300, timing_processes=1)
 with Evaluator(config) as evaluator:
     evaluator.evaluate_batch(items, cache=cache, progress=False)
 """

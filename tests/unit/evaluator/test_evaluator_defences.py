@@ -21,6 +21,7 @@ FAST: dict[str, Any] = {
     "flush_bytes": 1 << 16,
     "max_speedup_cv": None,
     "speedup_recheck": None,
+    "timing_processes": 1,  # one pair: these tests are about what happens inside one
     "cpu_threads": 1,
     "timeout_seconds": 120.0,
     # A fixed seed: the same inputs, perturbations and round order on every run, so a verdict

@@ -20,6 +20,7 @@ FAST: dict[str, Any] = {
     "flush_bytes": 0,
     "max_speedup_cv": None,
     "speedup_recheck": None,
+    "timing_processes": 1,  # one pair: these tests are about what happens inside one
     "timing_retries": 0,
 }
 MATMUL = Task(name="matmul", code=C.MATMUL_TASK)
@@ -48,7 +49,7 @@ def test_strict_tf32_allows_tf32_on_both_sides_but_never_bf16() -> None:
     tf32, medium = judge_all("strict-tf32", [C.TF32_AT_IMPORT_HACK, C.MEDIUM_PRECISION_AT_IMPORT])
     assert tf32.verdict == Verdict.CORRECT, tf32.reasons
     assert tf32.settings.get("cuda.matmul.allow_tf32") == "True"
-    assert tf32.environment.evaluator_version.endswith("+strict-tf32")
+    assert tf32.environment.evaluator_version.endswith("+strict-tf32.pairs1")  # FAST: one process pair
     assert medium.verdict == Verdict.REJECTED and R.PRECISION_DOWNGRADE in R.codes(medium.reasons)
 
 

@@ -159,7 +159,7 @@ def test_config_defaults_and_validation() -> None:
     # Other clock settings change what a millisecond means: their results are cached apart.
     assert EvalConfig(timing_clock="device").result_version == f"{EVALUATOR_VERSION}+strict.device"
     assert EvalConfig(timing_lead_us=0).result_version == f"{EVALUATOR_VERSION}+strict.lead0us"
-    assert EvalConfig(timing_processes=2).result_version == f"{EVALUATOR_VERSION}+strict.pairs2"
+    assert EvalConfig(timing_processes=1).result_version == f"{EVALUATOR_VERSION}+strict.pairs1"
     assert config.profile_rules.tolerance("float32") == (1e-4, 1e-4)
     assert EvalConfig(profile="kernelbench-v0").profile_rules.tolerance("float32") == (1e-2, 1e-2)
     assert config.resolved_flush_bytes(on_cuda=True) == 256 * 1024 * 1024
