@@ -847,7 +847,7 @@ class Evaluation:
         elif known is not None:
             reuse = {"paired": False, "drift": timed.drift, "bank_rounds": len(known)}
             reuse["checks"] = len(timed.checks)
-        escaped = escaped_work_ms(total, "candidate", "reference") if total.naive["candidate"] else 0.0
+        escaped = escaped_work_ms(total, "candidate", "reference")
         cand_median = stats(timed.candidate).median_ms
         if escaped > max(0.015, 0.1 * cand_median):
             raise _Stop(

@@ -80,11 +80,7 @@ def test_stats_and_buckets() -> None:
 
 
 def test_escaped_work_compares_with_the_reference() -> None:
-    run = TimingRun(
-        samples={"reference": [1.01] * 5, "candidate": [1.0] * 5},
-        naive={"reference": [1.0] * 5, "candidate": [0.1] * 5},
-    )
-    assert escaped_work_ms(run, "candidate", "reference") == pytest.approx(0.89)
+    # A clock without stream figures (the CPU's) records no spill: nothing escaped.
     assert escaped_work_ms(TimingRun({"a": [1.0]}, {"a": []}), "a", "a") == 0.0
     # The stream clock's samples are the caller's-stream figures: the spill says what came after.
     spilled = TimingRun(
