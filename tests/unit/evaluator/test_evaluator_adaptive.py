@@ -323,6 +323,28 @@ def test_two_process_pairs_time_one_candidate_and_their_calls_are_pooled(
     assert result.stages.get("more_pairs", 0.0) > 0 and "recheck" not in result.stages
 
 
+def test_a_second_pair_that_runs_out_of_the_evaluations_timeout_is_a_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first pair passes; the second is killed at what the first left of timeout_seconds (here
+    its outcome says so): the verdict is timeout, and the reason says the limit is the whole
+    evaluation's, so that a user raises timeout_seconds rather than hunting a hang."""
+    runs: list[int] = []
+
+    class SecondTimesOut(evaluator_module.Evaluation):
+        def run(self) -> Outcome:
+            runs.append(1)
+            if len(runs) == 2:
+                return Outcome(None, timed_out=True, seconds=1.0, counted_s=1.0)
+            return super().run()
+
+    monkeypatch.setattr(evaluator_module, "Evaluation", SecondTimesOut)
+    result = slow_pair(correctness_trials=1, timing_trials=7, timing_retries=0, timing_processes=2)
+    assert len(runs) == 2 and result.verdict == Verdict.TIMEOUT, result.reasons
+    [reason] = [r for r in result.reasons if R.reason_code(r) == R.TIMEOUT]
+    assert "timeout_seconds bounds the whole evaluation; earlier process pairs used" in reason
+
+
 def pair_answer(reference: list[float], candidate: list[float], stream: bool = True) -> dict[str, Any]:
     answer: dict[str, Any] = {"reference_ms": reference, "candidate_ms": candidate}
     if stream:
