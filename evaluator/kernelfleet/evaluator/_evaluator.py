@@ -80,6 +80,15 @@ def timing_from(
     )
 
 
+def answer_timings(answer: dict[str, Any], keep: bool) -> tuple[Timing, Timing]:
+    """The reference's and the candidate's timing from one process pair's answer."""
+    reference, candidate = (
+        timing_from(answer[f"{side}_ms"], keep, answer.get(f"{side}_stream_ms"))
+        for side in ("reference", "candidate")
+    )
+    return reference, candidate
+
+
 @dataclasses.dataclass(frozen=True)
 class PooledTiming:
     """Several process pairs' timings of one candidate as one: `pool_pairs`."""
@@ -737,12 +746,7 @@ class Evaluator:
         speedup = answer.get("speedup")
         interval = answer.get("speedup_ci")
         if answer.get("reference_ms"):
-            reference = timing_from(
-                answer["reference_ms"], config.keep_samples, answer.get("reference_stream_ms")
-            )
-            candidate = timing_from(
-                answer["candidate_ms"], config.keep_samples, answer.get("candidate_stream_ms")
-            )
+            reference, candidate = answer_timings(answer, config.keep_samples)
         rechecked, spent = False, outcome.counted_s
         if verdict == "correct" and speedup is not None and config.timing_processes > 1:
             answers = [answer]
@@ -770,14 +774,7 @@ class Evaluator:
                     reasons.append(reason)
                     if low is not None:
                         speedup, interval = pooled.pair_speedups[low], pooled.pair_intervals[low]
-                        reference, candidate = (
-                            timing_from(
-                                answers[low][f"{side}_ms"],
-                                config.keep_samples,
-                                answers[low].get(f"{side}_stream_ms"),
-                            )
-                            for side in ("reference", "candidate")
-                        )
+                        reference, candidate = answer_timings(answers[low], config.keep_samples)
         if (
             verdict == "correct"
             and speedup is not None
@@ -817,12 +814,7 @@ class Evaluator:
                 if again < speedup:
                     speedup = again
                     interval = second.get("speedup_ci")
-                    reference = timing_from(
-                        second["reference_ms"], config.keep_samples, second.get("reference_stream_ms")
-                    )
-                    candidate = timing_from(
-                        second["candidate_ms"], config.keep_samples, second.get("candidate_stream_ms")
-                    )
+                    reference, candidate = answer_timings(second, config.keep_samples)
         return self._result(
             item,
             lane,

@@ -78,9 +78,8 @@ def free_port() -> int:
     its server bound it often enough to fail a run ('address already in use'). Below the range
     only another listener can take it. Where the range leaves no room below it, the kernel picks."""
     low = _ephemeral_low()
-    for _ in range(64):
-        if low - 1 <= _FIRST_PORT:
-            break
+    tries = 64 if low - 1 > _FIRST_PORT else 0
+    for _ in range(tries):
         port = _random.randrange(_FIRST_PORT, low)
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             try:
