@@ -18,6 +18,10 @@ interleaved. Per subject it reports:
 - the spread over processes of the median over all copies (what timing over several placements
   would see).
 
+With --epochs N each subject is instead timed in N blocks of rounds, alternating a pause in one
+placement with a fresh placement (weights, inputs, outputs and intermediates all elsewhere): does a
+process's offset move with time, with where its memory lies, or only with the process?
+
     python benchmarks/placement_probe.py --kernels .data/cuda-l1-h100-kernels.jsonl \\
         --tasks 2:33,2:22 [--processes 8 --copies 4 --rounds 60]
 
@@ -29,6 +33,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -107,6 +112,33 @@ def kernels(model, inputs):
             torch.cuda.synchronize()
     names = [e.name for e in prof.events() if e.device_type.name == kind]
     return hashlib.sha1("\n".join(names).encode()).hexdigest()[:10], names
+def epochs(make, model, inputs):
+    # Blocks of rounds of one subject: an odd block is the block before it again after a pause
+    # (same memory, later in time); an even one, after the first, a fresh copy placed anew (the
+    # cache released, a held pad of random size ahead of it, so its inputs, weights, outputs and
+    # intermediates all land elsewhere). Time against placement, inside one process.
+    base_inputs = [x.cpu() if isinstance(x, torch.Tensor) else x for x in inputs]
+    held, medians = [], []
+    for block in range(spec["epochs"]):
+        if block and block % 2 == 0:
+            del held[:]
+            model = inputs = None
+            if cuda:
+                torch.cuda.empty_cache()
+            held = [torch.empty(rng.randrange(1, 256) * 1024**2 + rng.randrange(4096) * 512,
+                                dtype=torch.uint8, device=dev) for _ in range(1 + rng.randrange(3))]
+            model = make()  # built again from the same seed: deepcopy fails on some candidates
+            inputs = [x.to(dev) if isinstance(x, torch.Tensor) else x for x in base_inputs]
+            for _ in range(3):
+                model(*inputs)
+        elif block:
+            time.sleep(spec["epoch_gap"])
+        times = []
+        for _ in range(spec["rounds"]):
+            time.sleep(0.002)
+            times.append(timed(model, inputs, spec["flushes"][0]))
+        medians.append(statistics.median(times))
+    return medians
 subjects = spec["subjects"]
 order = list(range(len(subjects)))
 rng.shuffle(order)
@@ -114,10 +146,11 @@ out = {}
 def probe(s):
     ns = {}
     exec(compile(s["code"], s["label"], "exec"), ns)
-    torch.manual_seed(0)
-    model = ns[s["cls"]](*ns["get_init_inputs"]()).to(dev)
-    if spec["profile"] == "strict":
-        model.eval()
+    def make():
+        torch.manual_seed(0)
+        model = ns[s["cls"]](*ns["get_init_inputs"]()).to(dev)
+        return model.eval() if spec["profile"] == "strict" else model
+    model = make()
     torch.manual_seed(1)
     inputs = [x.to(dev) if isinstance(x, torch.Tensor) else x for x in ns["get_inputs"]()]
     for _ in range(10):
@@ -125,6 +158,8 @@ def probe(s):
     if cuda:
         torch.cuda.synchronize()
     digest, names = kernels(model, inputs)
+    if spec["epochs"]:
+        return {"kernels": digest, "names": names[:40], "epochs": epochs(make, model, inputs)}
     copies, pads = [(model, inputs)], []
     for _ in range(spec["copies"] - 1):
         pad = rng.randrange(1, 64) * 1024**2 + rng.randrange(4096) * 512
@@ -152,7 +187,8 @@ for i in order:
         out[subjects[i]["label"]] = probe(subjects[i])
     except Exception as error:  # one subject that cannot be copied (say, it holds a CUDA graph)
         out[subjects[i]["label"]] = {"error": repr(error)[:300]}
-print(json.dumps({"reps": reps, "cudnn": torch.backends.cudnn.version(), "subjects": out}))
+print(json.dumps({"reps": reps, "cudnn": torch.backends.cudnn.version(), "torch": torch.__version__,
+                  "gpu": torch.cuda.get_device_name(dev) if cuda else "cpu", "subjects": out}))
 """
 
 
@@ -212,7 +248,79 @@ def summarise(processes: list[dict[str, Any]], labels: list[str], flushes: list[
     return rows
 
 
+def relative_sd(values: list[float]) -> float | None:
+    """Standard deviation over the mean (4 decimals); None for fewer than two values."""
+    return round(statistics.stdev(values) / statistics.fmean(values), 4) if len(values) > 1 else None
+
+
+def summarise_epochs(processes: list[dict[str, Any]], labels: list[str]) -> list[dict[str, Any]]:
+    """Per subject, from blocks (a, a again later, b placed anew, b again, ...): how much one block
+    moves over processes, over time in one placement, and over placements in one process. If
+    placements inside one process spread as far as processes do, a process's offset is where its
+    memory lies and re-placing inside one process would average it; if they stay tight while the
+    first block moves over processes, the offset belongs to the process itself."""
+    rows = []
+    for label in labels:
+        entries = [p.get("subjects", {}).get(label, {}) for p in processes]
+        seen = [entry["epochs"] for entry in entries if "epochs" in entry]
+        if not seen:
+            continue
+        over_time, over_placements = [], []
+        for blocks in seen:
+            pairs = list(zip(blocks[0::2], blocks[1::2], strict=False))
+            # one block against the same placement later: half the squared log ratio estimates the variance
+            over_time.append(statistics.fmean((math.log(a / b)) ** 2 / 2 for a, b in pairs) ** 0.5)
+            over_placements.append(relative_sd([math.sqrt(a * b) for a, b in pairs]) or 0.0)
+        rows.append(
+            {
+                "subject": label,
+                "processes": len(seen),
+                "median_ms": round(statistics.median(b[0] for b in seen), 4),
+                "first_block_over_processes_sd": relative_sd([b[0] for b in seen]),
+                "first_block_over_processes": spread([b[0] for b in seen]),
+                "time_in_one_placement_sd": round(statistics.median(over_time), 4),
+                "placements_in_one_process_sd": round(statistics.median(over_placements), 4),
+                "all_blocks_over_processes_sd": relative_sd([statistics.geometric_mean(b) for b in seen]),
+            }
+        )
+    return rows
+
+
+def markdown_epochs(report: dict[str, Any]) -> str:
+    lines = [
+        f"# Time, placement or process: one subject in blocks of rounds, {report['date']}",
+        "",
+        f"{report['environment']['gpu']}, torch {report['environment']['torch']}, commit "
+        f"`{report['environment']['commit']}`; profile {report['profile']}, {report['processes']} processes, "
+        f"{report['epochs']} blocks of {report['rounds']} rounds per subject: each odd block repeats the "
+        f"block before it after {report['epoch_gap']} s, each even one (after the first) is a fresh copy "
+        "placed anew "
+        "(cache released, a random pad held ahead of it). sd: standard deviation over the mean.",
+        "",
+        "| subject | median ms | first block over processes: sd (max/min - 1) | one placement over time: sd "
+        "| placements in one process: sd | mean of all blocks over processes: sd |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in report["summary"]:
+        lines.append(
+            f"| {r['subject']} | {r['median_ms']} | {r['first_block_over_processes_sd']} "
+            f"({r['first_block_over_processes']}) | {r['time_in_one_placement_sd']} "
+            f"| {r['placements_in_one_process_sd']} | {r['all_blocks_over_processes_sd']} |"
+        )
+    return "\n".join(lines + failures(report))
+
+
+def failures(report: dict[str, Any]) -> list[str]:
+    errors = [p["error"] for p in report["raw"] if "error" in p]
+    errors += [v["error"] for p in report["raw"] for v in p.get("subjects", {}).values() if "error" in v]
+    if not errors:
+        return []
+    return ["", f"{len(errors)} process(es) or subjects failed; the first: `{errors[0][-300:]}`"]
+
+
 def markdown(report: dict[str, Any]) -> str:
+    if report.get("epochs"):
+        return markdown_epochs(report)
     lines = [
         f"# Kernels, placement or flush: one subject in fresh processes, {report['date']}",
         "",
@@ -233,11 +341,7 @@ def markdown(report: dict[str, Any]) -> str:
             f"| {r['first_copy_over_processes']}, {r['first_copy_process_sd']} "
             f"| {r['copies_inside_a_process']} | {r['all_copies_over_processes']} |"
         )
-    errors = [p["error"] for p in report["raw"] if "error" in p]
-    errors += [v["error"] for p in report["raw"] for v in p.get("subjects", {}).values() if "error" in v]
-    if errors:
-        lines += ["", f"{len(errors)} process(es) or subjects failed; the first: `{errors[0][-300:]}`"]
-    return "\n".join(lines)
+    return "\n".join(lines + failures(report))
 
 
 def main() -> int:
@@ -259,6 +363,16 @@ def main() -> int:
         action="store_true",
         help="every other process with cudnn.benchmark on (does autotuning steady the choice?)",
     )
+    parser.add_argument(
+        "--epochs",
+        type=int,
+        default=0,
+        help="instead of copies: this many blocks of --rounds per subject, alternating a pause in one "
+        "placement and a fresh placement (time against placement inside a process); 6 is three of each",
+    )
+    parser.add_argument(
+        "--epoch-gap", type=float, default=0.5, help="seconds between two blocks of one placement"
+    )
     parser.add_argument("--device", default="cuda", help="cpu: a smoke test of the probe itself")
     parser.add_argument("--tag", default="")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
@@ -275,42 +389,47 @@ def main() -> int:
         "device": args.device,
         "profile": args.profile,
         "flushes": flushes,
+        "epochs": args.epochs,
+        "epoch_gap": args.epoch_gap,
     }
     modes = [False, True] if args.both_cudnn_modes else [False]
-    processes = []
+    processes: list[dict[str, Any]] = []
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d")
+    name = f"placement_probe-{stamp}{'-' + args.tag if args.tag else ''}"
+    args.out.mkdir(parents=True, exist_ok=True)
     for index in range(args.processes):
         benchmark = modes[index % len(modes)]
         processes.append({"cudnn_benchmark": benchmark, **run_child({**spec, "cudnn_benchmark": benchmark})})
         print(f"process {index + 1}/{args.processes}: {json.dumps(processes[-1])[:300]}", file=sys.stderr)
-    import torch
-
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d")
-    report = {
-        "date": stamp,
-        "environment": {
-            "gpu": torch.cuda.get_device_name() if args.device != "cpu" else "cpu",
-            "torch": torch.__version__,
-            "commit": commit(),
-        },
-        "processes": args.processes,
-        "copies": args.copies,
-        "rounds": args.rounds,
-        "profile": args.profile,
-        "summary": [
-            {"cudnn_benchmark": mode, **row}
-            for mode in modes
-            for row in summarise(
-                [p for p in processes if p["cudnn_benchmark"] == mode],
-                [s["label"] for s in subjects],
-                flushes,
-            )
-        ],
-        "raw": processes,
-    }
-    name = f"placement_probe-{stamp}{'-' + args.tag if args.tag else ''}"
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{name}.json").write_text(json.dumps(report, indent=1) + "\n")
-    (args.out / f"{name}.md").write_text(markdown(report) + "\n")
+        # Saved after every process: a run cut short by its call's limit still leaves its figures.
+        report = {
+            "date": stamp,
+            "environment": {
+                "gpu": next((p["gpu"] for p in processes if "gpu" in p), "unknown"),
+                "torch": next((p["torch"] for p in processes if "torch" in p), "unknown"),
+                "commit": commit(),
+            },
+            "processes": len(processes),
+            "copies": args.copies,
+            "rounds": args.rounds,
+            "profile": args.profile,
+            "epochs": args.epochs,
+            "epoch_gap": args.epoch_gap,
+            "summary": summarise_epochs(processes, [s["label"] for s in subjects])
+            if args.epochs
+            else [
+                {"cudnn_benchmark": mode, **row}
+                for mode in modes
+                for row in summarise(
+                    [p for p in processes if p["cudnn_benchmark"] == mode],
+                    [s["label"] for s in subjects],
+                    flushes,
+                )
+            ],
+            "raw": processes,
+        }
+        (args.out / f"{name}.json").write_text(json.dumps(report, indent=1) + "\n")
+        (args.out / f"{name}.md").write_text(markdown(report) + "\n")
     print(markdown(report))
     return 0
 
