@@ -4,8 +4,9 @@ placement_probe --epochs showed that a 45-65 us KernelBench call keeps an offset
 life (1-3% sd over processes) that neither time nor a fresh placement inside the process moves,
 and that several subjects in one process share it. This probe times, in fresh processes, the way
 the timing lane does (a ~1 ms lead of flush writes, one call between events): a chain of small
-kernels (launch-bound on the GPU side) and one large copy (bandwidth-bound). If the chain's
-median moves over processes and the copy's does not, the offset is per launch.
+kernels (launch-bound on the GPU side), the same chain captured as one CUDA graph, and one large
+copy (bandwidth-bound). If the chain's median moves over processes and the copy's does not, the
+offset is per launch; if the graph's holds still, it is in submitting launches, not running them.
 
 On the H200 (launch_offset-2026-12-03-h200.md) the chain moved by 10% over 8 processes (two
 levels, about 37.0 and 39.6-40.4 us) and the copy by 0.5%. --pins asks whether that is where the
@@ -56,8 +57,15 @@ def timed(fn):
     s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     s.record(); fn(); e.record(); e.synchronize()
     return s.elapsed_time(e)
+subjects = [("chain of 20 small kernels", chain), ("one 64 MiB copy", copy)]
+if cuda:  # the same chain submitted as one launch: is the offset in submitting or in running kernels?
+    chain(); torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        chain()
+    subjects.append(("the chain as one CUDA graph", graph.replay))
 out = {}
-for name, fn in (("chain of 20 small kernels", chain), ("one 64 MiB copy", copy)):
+for name, fn in subjects:
     for _ in range(5):
         timed(fn)
     times = []
