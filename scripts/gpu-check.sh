@@ -19,7 +19,10 @@
 #   (with --idle: alone). PLACEMENT_PROBE (a list of tasks, e.g. 2:33,2:22) runs
 #   benchmarks/placement_probe.py on them first (kernels or memory placement: why a short call
 #   times differently in a fresh process; about 20 s per process and 8 tasks), with PLACEMENT_EXTRA
-#   (e.g. "--profile kernelbench-v0 --flushes write,spread,warm") passed through.
+#   (e.g. "--profile kernelbench-v0 --flushes write,spread,warm" or "--epochs 6") passed through.
+#   LAUNCH_PROBE (pinnings, e.g. free,local,remote) runs benchmarks/launch_offset.py first (is a
+#   process's offset per kernel launch, and does pinning before CUDA starts remove it; about 8 s
+#   per process, LAUNCH_PROCESSES of each pinning, 6).
 #   --rounds: only benchmarks/round_overhead.py on the GPU: seconds per timed round, this tree
 #   against the older commit exported in .old/ (ROUND_OLD names it, default 9d3bb89; make it with
 #   `mkdir -p .old && git archive <rev> | tar -x -C .old`, carried along).
@@ -136,6 +139,8 @@ elif [[ $REWARD == 1 ]]; then
   [[ -n "${CLOCKS_PROBE:-}" ]] && step clock-probe python3 benchmarks/idle_clock.py --device cuda:0 \
     --clocks "$CLOCKS_PROBE" --out "$RESULTS"
   # shellcheck disable=SC2086
+  [[ -n "${LAUNCH_PROBE:-}" ]] && step launch-offset python3 benchmarks/launch_offset.py \
+    --pins "$LAUNCH_PROBE" --processes "${LAUNCH_PROCESSES:-6}" --out "$RESULTS" ${GPU_CHECK_TAG:+--tag "$GPU_CHECK_TAG"}
   [[ -n "${PLACEMENT_PROBE:-}" ]] && step placement-probe python3 benchmarks/placement_probe.py \
     --kernels "$KERNELS" --tasks "$PLACEMENT_PROBE" --out "$RESULTS" ${GPU_CHECK_TAG:+--tag "$GPU_CHECK_TAG"} \
     ${PLACEMENT_EXTRA:-}
