@@ -136,6 +136,19 @@ MODES: dict[str, Mode] = {
             about="evaluate_batch, each candidate timed in one process pair (evaluator 0.7.0's default)",
         ),
         Mode(
+            "pipeline-local-cpus",
+            "batch",
+            {"pin_processes": True},
+            needs_field="pin_processes",
+            about="evaluate_batch, both processes of a pair on the CPUs local to the GPU from their start",
+        ),
+        Mode(
+            "pipeline-six-slots",
+            "batch",
+            {"lane_slots": 6},
+            about="evaluate_batch with 6 evaluations per device at once (the default is 4)",
+        ),
+        Mode(
             "pipeline-no-reuse",
             "batch",
             {"reference_reuse": False},

@@ -178,6 +178,14 @@ class EvalConfig(EvaluationSettings):
         "On the H200, re-timing in a fresh process agreed within 3.4% at p90 pinned and 21-31% unpinned "
         "(docs/evaluator.md).",
     )
+    pin_processes: bool = Field(
+        default=False,
+        description="Both processes of every process pair run on the CPUs local to their GPU (its "
+        "local_cpulist in sysfs), set before CUDA starts, and the timing CPU is one of them. On the H200 a "
+        "process keeps a timing offset per kernel launch for its life (docs/evaluator.md); this asks whether "
+        "it follows where the process made its CUDA context. Off until measured side by side; no effect on "
+        "the CPU device or where the machine does not say which CPUs are local.",
+    )
     keep_samples: bool = Field(
         default=False,
         description="Keep every timed call's milliseconds in the result (Timing.samples_ms), for plots and "
@@ -293,6 +301,8 @@ class EvalConfig(EvaluationSettings):
             suffix += f".lead{self.timing_lead_us:g}us"
         if self.timing_processes != defaults["timing_processes"].default:
             suffix += f".pairs{self.timing_processes}"
+        if self.pin_processes:
+            suffix += ".localcpus"
         return f"{EVALUATOR_VERSION}+{suffix}"
 
     @property

@@ -43,7 +43,7 @@ from kernelfleet.core.models import Environment, EvaluationResult, ResultKey, Ta
 from kernelfleet.evaluator._cache import ResultCache
 from kernelfleet.evaluator._config import EvalConfig
 from kernelfleet.evaluator._devicelock import DeviceLock
-from kernelfleet.evaluator._environment import gpu_class, host_name
+from kernelfleet.evaluator._environment import gpu_class, host_name, local_cpus
 from kernelfleet.evaluator._gpugate import GpuGate
 from kernelfleet.evaluator._ops import needs_native_build
 from kernelfleet.evaluator._protocol import Evaluation, Outcome, Sides
@@ -185,11 +185,19 @@ class _Lane:
     one timing at a time per device) with its gate (while one times, the other candidates'
     GPU steps wait; their loading runs on)."""
 
-    def __init__(self, index: int, visible: str | None, environment: Environment, arch: str | None) -> None:
+    def __init__(
+        self,
+        index: int,
+        visible: str | None,
+        environment: Environment,
+        arch: str | None,
+        local_cpus: tuple[int, ...] = (),
+    ) -> None:
         self.index = index
         self.visible = visible
         self.environment = environment
         self.arch = arch
+        self.local_cpus = local_cpus  # the CPUs local to this GPU that we may use; (): not known
         self.timing = threading.Lock()
         self.gate = GpuGate()  # other evaluations' GPU steps wait while one times
 
@@ -198,12 +206,16 @@ class _Lane:
         """The device's name across processes of this machine (its machine-wide lock)."""
         return "cpu" if self.visible is None else f"cuda-{self.visible}"
 
-    @property
-    def timing_cpu(self) -> int:
+    def pinned_cpus(self, config: EvalConfig) -> tuple[int, ...]:
+        """The CPUs this device's evaluation processes run on: its local ones under
+        EvalConfig.pin_processes, else () (anywhere)."""
+        return self.local_cpus if config.pin_processes else ()
+
+    def timing_cpu(self, config: EvalConfig) -> int:
         """The CPU this device's timings run on under EvalConfig.pin_timing: counting down from
-        the last CPU this process may use, one per device, so that every evaluator process of
+        the last CPU its processes may use, one per device, so that every evaluator process of
         the machine picks the same one for the same device."""
-        cpus = sorted(os.sched_getaffinity(0))
+        cpus = self.pinned_cpus(config) or tuple(sorted(os.sched_getaffinity(0)))
         return cpus[-1 - self.index % len(cpus)]
 
 
@@ -424,7 +436,9 @@ class Evaluator:
                     evaluator_version=self.config.result_version,
                     host=host_name(),
                 )
-                lanes.append(_Lane(position, physical[index], env, info.get("capability")))
+                bus = info.get("pci_bus_id")
+                local = local_cpus(bus) if bus else ()
+                lanes.append(_Lane(position, physical[index], env, info.get("capability"), local))
             self._lanes = lanes
             return lanes
 
@@ -466,8 +480,9 @@ class Evaluator:
             # A C++/CUDA candidate loads its extension from its own build directory (keyed by its
             # source: no other code's build is there), and may touch it there.
             write=(env["TORCH_EXTENSIONS_DIR"],) if "TORCH_EXTENSIONS_DIR" in env else (),
+            cpus=lane.pinned_cpus(config) if lane else (),
         )
-        judge = Walls(seccomp=report.seccomp)
+        judge = Walls(seccomp=report.seccomp, cpus=lane.pinned_cpus(config) if lane else ())
         child_env = dict(env)
         if lane is not None and lane.visible is not None:
             child_env["CUDA_VISIBLE_DEVICES"] = lane.visible
@@ -700,7 +715,7 @@ class Evaluator:
                 reference_bank=self._reference_bank(item, lane) if reuse and config.reference_reuse else None,
                 keep_reference=self._keep_reference(item, lane) if config.reference_reuse else None,
                 gpu_gate=lane.gate if config.exclusive_timing else None,
-                timing_cpu=lane.timing_cpu if self._pins_timing(config, lane) else None,
+                timing_cpu=lane.timing_cpu(config) if self._pins_timing(config, lane) else None,
             )
             outcome = evaluation.run()
         finally:
