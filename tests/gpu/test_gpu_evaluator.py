@@ -325,3 +325,18 @@ def test_a_batch_over_all_gpus() -> None:
         results = evaluator.evaluate_batch(items, progress=False)
     assert all(r.verdict == Verdict.CORRECT for r in results), [r.reasons for r in results]
     assert all(r.environment.gpu_class not in ("cpu", "") for r in results)
+
+
+def test_pinned_processes_run_on_the_cpus_local_to_the_gpu() -> None:
+    """pin_processes on a real GPU: the lane knows its GPU's local CPUs (sysfs, by the PCI
+    address the probe reports), a child starts on them, and an evaluation still times."""
+    config = EvalConfig(**{**GPU, "pin_processes": True})
+    with Evaluator(config) as evaluator:
+        lane = evaluator._probe_lanes()[0]
+        if not lane.local_cpus:
+            pytest.skip("this machine does not say which CPUs are local to the GPU")
+        probe = evaluator._judge_job({"op": "probe", "config": config.model_dump(mode="json")}, lane, 120)
+        assert probe.answer is not None and probe.answer["cpus"] == list(lane.local_cpus)
+        result = evaluator.evaluate(Task(name="gpu", code=C.MATMUL_TASK), C.HONEST)
+    assert result.verdict == Verdict.CORRECT, result.reasons
+    assert result.environment.evaluator_version.endswith(".localcpus")
