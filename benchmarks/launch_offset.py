@@ -30,6 +30,8 @@ from typing import Any
 
 from gpu_evaluator import commit  # $KERNELFLEET_COMMIT, else git
 
+from kernelfleet.evaluator._environment import local_cpus
+
 ROOT = Path(__file__).resolve().parents[1]
 
 _CHILD = r"""
@@ -78,10 +80,10 @@ print(json.dumps({"medians": out, "init_cpu": init_cpu}))
 
 
 def cpu_sets() -> dict[str, list[int]]:
-    """The CPUs this process may use, split into those local to GPU 0 (its PCI device's
-    local_cpulist in sysfs) and the others; empty lists where the machine does not say."""
+    """The CPUs this process may use, split into those local to GPU 0 (the evaluator's
+    `local_cpus`, by the PCI address nvidia-smi gives) and the others; an empty local list
+    where the machine does not say."""
     allowed = sorted(os.sched_getaffinity(0))
-    local: list[int] = []
     try:
         bus = subprocess.run(
             ["nvidia-smi", "--query-gpu=pci.bus_id", "--format=csv,noheader", "-i", "0"],
@@ -89,14 +91,11 @@ def cpu_sets() -> dict[str, list[int]]:
             text=True,
             check=True,
         ).stdout.strip()
-        text = Path(f"/sys/bus/pci/devices/{bus[-12:].lower()}/local_cpulist").read_text().strip()
-        for part in text.split(","):
-            low, _, high = part.partition("-")
-            local += range(int(low), int(high or low) + 1)
-    except (OSError, ValueError, subprocess.CalledProcessError):
-        pass
-    local = [cpu for cpu in allowed if cpu in set(local)]
-    return {"free": [], "local": local, "remote": [cpu for cpu in allowed if cpu not in set(local)]}
+    except (OSError, subprocess.CalledProcessError):
+        bus = ""
+    # nvidia-smi names the domain with 8 digits ('00000000:19:00.0'), sysfs with 4.
+    local = list(local_cpus(bus[-12:])) if bus else []
+    return {"free": [], "local": local, "remote": [cpu for cpu in allowed if cpu not in local]}
 
 
 def node_of(cpu: int) -> int | None:

@@ -138,9 +138,9 @@ elif [[ $REWARD == 1 ]]; then
   [[ -n "${GPU_TESTS:-}" ]] && step gpu-tests python3 -m pytest -q -p no:cacheprovider -m gpu $GPU_TESTS
   [[ -n "${CLOCKS_PROBE:-}" ]] && step clock-probe python3 benchmarks/idle_clock.py --device cuda:0 \
     --clocks "$CLOCKS_PROBE" --out "$RESULTS"
-  # shellcheck disable=SC2086
   [[ -n "${LAUNCH_PROBE:-}" ]] && step launch-offset python3 benchmarks/launch_offset.py \
     --pins "$LAUNCH_PROBE" --processes "${LAUNCH_PROCESSES:-6}" --out "$RESULTS" ${GPU_CHECK_TAG:+--tag "$GPU_CHECK_TAG"}
+  # shellcheck disable=SC2086
   [[ -n "${PLACEMENT_PROBE:-}" ]] && step placement-probe python3 benchmarks/placement_probe.py \
     --kernels "$KERNELS" --tasks "$PLACEMENT_PROBE" --out "$RESULTS" ${GPU_CHECK_TAG:+--tag "$GPU_CHECK_TAG"} \
     ${PLACEMENT_EXTRA:-}

@@ -187,9 +187,9 @@ def test_pinned_processes_start_on_their_gpus_cpus(pinned: bool) -> None:
     config = EvalConfig(pin_processes=pinned)
     with Evaluator(config) as evaluator:
         environment = evaluator.environment
-        lane = _Lane(0, None, environment, None, local_cpus=(allowed[-1],))
+        lane = _Lane(0, None, environment, None, local_cpus=(allowed[0],))
         outcome = evaluator._judge_job({"op": "probe", "config": config.model_dump(mode="json")}, lane, 60)
     assert outcome.answer is not None, outcome.log
-    assert outcome.answer["cpus"] == ([allowed[-1]] if pinned else allowed)
-    assert lane.timing_cpu(config) == allowed[-1]
+    assert outcome.answer["cpus"] == ([allowed[0]] if pinned else allowed)
+    assert lane.timing_cpu(config) == (allowed[0] if pinned else allowed[-1])
     assert config.result_version.endswith(".localcpus") is pinned
