@@ -58,7 +58,6 @@ import concurrent.futures
 import dataclasses
 import datetime as dt
 import gzip
-import itertools
 import json
 import os
 import shutil
@@ -654,16 +653,16 @@ def part_repeat(
     machine's load (as keeping a CPU for timing did), which interleaving would mix. One report per setting."""
     settings = repeat_settings(args)
     if not args.repeat_separate:
-        return repeat_run(workload, args, settings, list(args.repeat_config), budget, None)
+        return repeat_run(workload, args, settings, list(args.repeat_config), budget, args.repeat_rows)
     deadline = time.monotonic() + budget
     runs: list[dict[str, Any]] = []
-    rows: tuple[int, int] | None = None
+    rows: list[int] | None = args.repeat_rows
     for number, setting in enumerate(settings):
         share = (deadline - time.monotonic()) / (len(settings) - number)
         with tempfile.TemporaryDirectory(prefix="kernelfleet-repeat-cache-") as cache:
             cold = setting.model_copy(update={"cache_dir": cache})
             run = repeat_run(workload, args, [cold], [args.repeat_config[number]], share, rows)[0]
-        rows = rows or (run["screened"]["rows"][0], run["screened"]["rows"][1])
+        rows = rows or sorted(int(row) for row in run["screened"]["by_row"])
         runs.append(run)
     return runs
 
@@ -674,7 +673,7 @@ def repeat_run(
     settings: list[EvalConfig],
     overrides: list[dict[str, str]],
     budget: float,
-    rows_given: tuple[int, int] | None,
+    rows_given: list[int] | None,
 ) -> list[dict[str, Any]]:
     """One Evaluator screens rows (those of `rows_given`, else from --repeat-from until
     --repeat-tasks are correct) under settings[0] and re-times the correct ones under every
@@ -683,10 +682,11 @@ def repeat_run(
     queued = 2 * args.lane_slots + 2  # screenings in flight: enough to keep the pipeline fed
     screens: dict[int, EvaluationResult | None] = {}
     retimes: dict[int, list[concurrent.futures.Future[EvaluationResult]]] = {}
-    first_row, last_row = rows_given or (args.repeat_from, len(workload))
-    wanted = len(workload) if rows_given else args.repeat_tasks
+    chosen = rows_given if rows_given is not None else range(args.repeat_from, len(workload))
+    wanted = len(workload) if rows_given is not None else args.repeat_tasks
+    first_row = chosen[0] if chosen else args.repeat_from
     with UtilizationSampler() as util, Evaluator(settings[0]) as evaluator:
-        rows = itertools.islice(enumerate(workload), first_row, last_row)
+        rows = ((index, workload[index]) for index in chosen)
         screening: dict[concurrent.futures.Future[EvaluationResult], int] = {}
 
         def screen_more() -> None:
@@ -1096,6 +1096,14 @@ def main() -> int:
         "settings separated by ';' run side by side",
     )
     parser.add_argument(
+        "--repeat-rows",
+        type=lambda text: [int(row) for row in text.split(",") if row.strip()],
+        default=None,
+        help="the repeat part screens exactly these rows of the workload (comma list; a report's "
+        "by_row names them), instead of --repeat-from on until --repeat-tasks are correct: to "
+        "compare settings on candidates already known to matter, e.g. those of 50 us and up",
+    )
+    parser.add_argument(
         "--repeat-separate",
         action="store_true",
         help="each --repeat-config setting in an Evaluator (and cold build cache) of its own, one after "
@@ -1148,6 +1156,11 @@ def main() -> int:
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     workload = load_workload(Path(args.kernels), args.tasks)
     print(f"{len(workload)} published kernels matched to {args.tasks} tasks", file=sys.stderr)
+    beyond = [row for row in args.repeat_rows or [] if not 0 <= row < len(workload)]
+    if beyond:
+        parser.error(
+            f"--repeat-rows {beyond}: the workload has rows 0-{len(workload) - 1}; take rows a report listed"
+        )
     weights = {"throughput": 0.5, "variants": 0.25, "repeat": 0.35}
     shares = {part: weights.get(part, 0.3) / sum(weights.get(p, 0.3) for p in parts) for part in parts}
     for part in parts:
