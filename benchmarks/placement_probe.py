@@ -192,6 +192,24 @@ print(json.dumps({"reps": reps, "cudnn": torch.backends.cudnn.version(), "torch"
 """
 
 
+# A built-in subject (--chain): 20 small kernels, launch-bound on the GPU side. launch_offset showed
+# such a chain at one of two levels per process (9% apart on the H200); beside real subjects it asks
+# whether a process's level predicts their offsets, as a calibration at process start would need.
+CHAIN = "launch chain (20 small kernels)"
+_CHAIN_CODE = """
+import torch
+class Model(torch.nn.Module):
+    def forward(self, x):
+        for _ in range(20):
+            x = x + 1.0
+        return x
+def get_inputs():
+    return [torch.zeros(1024)]
+def get_init_inputs():
+    return []
+"""
+
+
 def subjects_for(kernels: Path, tasks: list[str]) -> list[dict[str, str]]:
     rows = {name: (task, code) for task, code, name in load_workload(kernels, "kernelbench-v0")}
     chosen = []
@@ -265,6 +283,20 @@ def summarise_epochs(processes: list[dict[str, Any]], labels: list[str]) -> list
         seen = [entry["epochs"] for entry in entries if "epochs" in entry]
         if not seen:
             continue
+        # Over processes: how this subject's first block follows the launch chain's (--chain).
+        chain = [
+            (p["subjects"][CHAIN]["epochs"][0], p["subjects"][label]["epochs"][0])
+            for p in processes
+            if "epochs" in p.get("subjects", {}).get(CHAIN, {}) and "epochs" in p["subjects"].get(label, {})
+        ]
+        follows = (
+            round(statistics.correlation(*zip(*chain, strict=True)), 3)
+            if label != CHAIN
+            and len(chain) > 2
+            and len({a for a, _ in chain}) > 1
+            and len({b for _, b in chain}) > 1
+            else None
+        )
         over_time, over_placements = [], []
         for blocks in seen:
             pairs = list(zip(blocks[0::2], blocks[1::2], strict=False))
@@ -281,6 +313,7 @@ def summarise_epochs(processes: list[dict[str, Any]], labels: list[str]) -> list
                 "time_in_one_placement_sd": round(statistics.median(over_time), 4),
                 "placements_in_one_process_sd": round(statistics.median(over_placements), 4),
                 "all_blocks_over_processes_sd": relative_sd([statistics.geometric_mean(b) for b in seen]),
+                "correlation_with_chain": follows,
             }
         )
     return rows
@@ -298,14 +331,16 @@ def markdown_epochs(report: dict[str, Any]) -> str:
         "(cache released, a random pad held ahead of it). sd: standard deviation over the mean.",
         "",
         "| subject | median ms | first block over processes: sd (max/min - 1) | one placement over time: sd "
-        "| placements in one process: sd | mean of all blocks over processes: sd |",
-        "|---|---|---|---|---|---|",
+        "| placements in one process: sd | mean of all blocks over processes: sd "
+        "| correlation with the launch chain over processes |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in report["summary"]:
         lines.append(
             f"| {r['subject']} | {r['median_ms']} | {r['first_block_over_processes_sd']} "
             f"({r['first_block_over_processes']}) | {r['time_in_one_placement_sd']} "
-            f"| {r['placements_in_one_process_sd']} | {r['all_blocks_over_processes_sd']} |"
+            f"| {r['placements_in_one_process_sd']} | {r['all_blocks_over_processes_sd']} "
+            f"| {r.get('correlation_with_chain', '')} |"
         )
     return "\n".join(lines + failures(report))
 
@@ -373,11 +408,19 @@ def main() -> int:
     parser.add_argument(
         "--epoch-gap", type=float, default=0.5, help="seconds between two blocks of one placement"
     )
+    parser.add_argument(
+        "--chain",
+        action="store_true",
+        help="also time a chain of 20 small kernels in every process, and give each subject's correlation "
+        "with it over processes (does a process's launch level predict its offset?)",
+    )
     parser.add_argument("--device", default="cuda", help="cpu: a smoke test of the probe itself")
     parser.add_argument("--tag", default="")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = parser.parse_args()
     subjects = subjects_for(args.kernels, [t.strip() for t in args.tasks.split(",") if t.strip()])
+    if args.chain:
+        subjects.insert(0, {"label": CHAIN, "code": _CHAIN_CODE, "cls": "Model"})
     flushes = [f.strip() for f in args.flushes.split(",") if f.strip()]
     unknown = sorted(set(flushes) - {"write", "spread", "warm"})
     if unknown:
