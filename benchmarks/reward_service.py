@@ -142,6 +142,20 @@ MODES: dict[str, Mode] = {
             about="evaluate_batch, both processes of a pair on the CPUs local to the GPU from their start",
         ),
         Mode(
+            "pipeline-launch-level",
+            "batch",
+            {"launch_tolerance": 0.04},
+            needs_field="launch_tolerance",
+            about="evaluate_batch, a process slower to launch than the fastest replaced before it loads",
+        ),
+        Mode(
+            "pipeline-any-launch-level",
+            "batch",
+            {"launch_tolerance": None},
+            needs_field="launch_tolerance",
+            about="evaluate_batch, whatever launch level a process starts with kept (evaluator 0.8.0)",
+        ),
+        Mode(
             "pipeline-six-slots",
             "batch",
             {"lane_slots": 6},
@@ -671,7 +685,7 @@ def repeat_run(
     workload: list[tuple[Task, str, str]],
     args: argparse.Namespace,
     settings: list[EvalConfig],
-    overrides: list[dict[str, str]],
+    overrides: list[dict[str, str | None]],
     budget: float,
     rows_given: list[int] | None,
 ) -> list[dict[str, Any]]:
@@ -777,7 +791,7 @@ def repeat_row(name: str, first: EvaluationResult | None, second: EvaluationResu
     return row
 
 
-def named_settings(setting: EvalConfig, overrides: dict[str, str]) -> dict[str, Any]:
+def named_settings(setting: EvalConfig, overrides: dict[str, str | None]) -> dict[str, Any]:
     return {"lane_slots": setting.lane_slots, **{k: getattr(setting, k) for k in overrides}}
 
 
@@ -1052,15 +1066,16 @@ def split_samples(report: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str
     return plain, [run for run in runs if run["rows"]]
 
 
-def config_overrides(text: str) -> dict[str, str]:
-    """`a=1,b=false` -> {"a": "1", "b": "false"}; EvalConfig checks and converts the values."""
+def config_overrides(text: str) -> dict[str, str | None]:
+    """`a=1,b=false,c=none` -> {"a": "1", "b": "false", "c": None}; EvalConfig checks and converts
+    the values."""
     if not text.strip():
         return {}
     pairs = [item.split("=", 1) for item in text.split(",") if item.strip()]
     bad = [item for item in pairs if len(item) != 2 or item[0].strip() not in EvalConfig.model_fields]
     if bad:
         raise argparse.ArgumentTypeError(f"expected FIELD=VALUE pairs of EvalConfig fields, got {bad}")
-    return {key.strip(): value.strip() for key, value in pairs}
+    return {key.strip(): None if value.strip().lower() == "none" else value.strip() for key, value in pairs}
 
 
 def main() -> int:

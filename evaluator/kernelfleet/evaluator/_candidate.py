@@ -50,7 +50,7 @@ from kernelfleet.evaluator._outputs import (
     poison_free_memory,
     to_device,
 )
-from kernelfleet.evaluator._timing import InputBank, _Clock, clock_for, pin_timing_thread
+from kernelfleet.evaluator._timing import InputBank, _Clock, clock_for, launch_level_us, pin_timing_thread
 from kernelfleet.evaluator._wire import Channel, ChannelClosed, read_tree, write_tree
 
 for _name in (
@@ -425,6 +425,8 @@ def serve(channel: Channel, scratch: Path) -> None:
                 share_builds_across_processes()
             if op == "build":
                 answer = _build(request, scratch)
+            elif op == "launch_level" and session is None:  # before any candidate code loads
+                answer = {"launch_us": launch_level_us(torch.device(str(request["device"])))}
             elif op == "setup":
                 session = CandidateSession(request, scratch)
                 session.setup_torch()

@@ -186,6 +186,18 @@ class EvalConfig(EvaluationSettings):
         "it follows where the process made its CUDA context. Off until measured side by side; no effect on "
         "the CPU device or where the machine does not say which CPUs are local.",
     )
+    launch_tolerance: float | None = Field(
+        default=None,
+        gt=0,
+        description="On CUDA, each process of a pair first times a chain of 20 tiny kernels, before anything "
+        "loads; one more than this fraction slower than the fastest the device has shown is replaced by a "
+        "fresh process (at most launch_rerolls times). On the H200 a process keeps one of two launch levels "
+        "(about 8% apart) for its life, and short calls follow it (docs/evaluator.md). None: keep whichever "
+        "process starts (evaluator 0.8.0).",
+    )
+    launch_rerolls: int = Field(
+        default=3, ge=0, le=10, description="Fresh processes tried, at most, in place of one slow to launch."
+    )
     keep_samples: bool = Field(
         default=False,
         description="Keep every timed call's milliseconds in the result (Timing.samples_ms), for plots and "
@@ -303,6 +315,8 @@ class EvalConfig(EvaluationSettings):
             suffix += f".pairs{self.timing_processes}"
         if self.pin_processes:
             suffix += ".localcpus"
+        if self.launch_tolerance != defaults["launch_tolerance"].default:
+            suffix += f".launch{self.launch_tolerance}"
         return f"{EVALUATOR_VERSION}+{suffix}"
 
     @property

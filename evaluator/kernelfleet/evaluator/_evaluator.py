@@ -48,7 +48,7 @@ from kernelfleet.evaluator._gpugate import GpuGate
 from kernelfleet.evaluator._ops import needs_native_build
 from kernelfleet.evaluator._protocol import Evaluation, Outcome, Sides
 from kernelfleet.evaluator._sandbox import Sandbox, Walls, detect, resolve_level, sandbox_for
-from kernelfleet.evaluator._timing import speedup_interval, stats
+from kernelfleet.evaluator._timing import LaunchFloor, speedup_interval, stats
 
 _LOG_LIMIT = 4000
 SLOW_AFTER_S = 60.0  # an evaluation running this long is named in the progress (and again after as long)
@@ -198,6 +198,7 @@ class _Lane:
         self.environment = environment
         self.arch = arch
         self.local_cpus = local_cpus  # the CPUs local to this GPU that we may use; (): not known
+        self.launch = LaunchFloor()  # the fastest launch level its processes have shown
         self.timing = threading.Lock()
         self.gate = GpuGate()  # other evaluations' GPU steps wait while one times
 
@@ -210,6 +211,11 @@ class _Lane:
         """The CPUs this device's evaluation processes run on: its local ones under
         EvalConfig.pin_processes, else () (anywhere)."""
         return self.local_cpus if config.pin_processes else ()
+
+    def launch_floor(self, config: EvalConfig) -> LaunchFloor | None:
+        """The floor a new process's launch level is held to (EvalConfig.launch_tolerance): on a
+        GPU only, where processes keep a launch level for life; None: keep every process."""
+        return self.launch if self.visible is not None and config.launch_tolerance is not None else None
 
     def timing_cpu(self, config: EvalConfig) -> int:
         """The CPU this device's timings run on under EvalConfig.pin_timing: counting down from
@@ -716,6 +722,7 @@ class Evaluator:
                 keep_reference=self._keep_reference(item, lane) if config.reference_reuse else None,
                 gpu_gate=lane.gate if config.exclusive_timing else None,
                 timing_cpu=lane.timing_cpu(config) if self._pins_timing(config, lane) else None,
+                launch_floor=lane.launch_floor(config),
             )
             outcome = evaluation.run()
         finally:

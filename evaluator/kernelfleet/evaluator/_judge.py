@@ -30,7 +30,7 @@ from kernelfleet.evaluator._outputs import (
     identical,
     leaves,
 )
-from kernelfleet.evaluator._timing import InputBank, _Clock, clock_for, pin_timing_thread
+from kernelfleet.evaluator._timing import InputBank, _Clock, clock_for, launch_level_us, pin_timing_thread
 from kernelfleet.evaluator._wire import Channel, ChannelClosed, MalformedTensors, read_tree, write_tree
 
 _SLACK = 1 << 20
@@ -215,6 +215,8 @@ def serve(channel: Channel, scratch: Path) -> None:
             if op == "setup":
                 judge = JudgeSession(request, scratch)
                 answer = judge.setup()
+            elif op == "launch_level":
+                answer = {"launch_us": launch_level_us(torch.device(str(request["device"])))}
             elif op in ("baselines", "probe"):
                 config = EvalConfig.model_validate(request["config"])
                 job = Job(

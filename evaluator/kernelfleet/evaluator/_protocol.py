@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import os
 import random
 import statistics
@@ -45,6 +46,7 @@ from kernelfleet.evaluator._ops import builds_custom_kernel, declared_kernels, f
 from kernelfleet.evaluator._sandbox import Sandbox, SandboxChild, SandboxError, Walls, host_pid
 from kernelfleet.evaluator._timing import (
     AdaptiveTiming,
+    LaunchFloor,
     TimingRun,
     adaptive_timing,
     decide,
@@ -129,6 +131,7 @@ class Evaluation:
         keep_reference: Callable[[dict[str, str], list[float]], None] | None = None,
         gpu_gate: GpuGate | None = None,
         timing_cpu: int | None = None,
+        launch_floor: LaunchFloor | None = None,
     ) -> None:
         self.sandbox = sandbox
         self.sides = sides
@@ -151,6 +154,9 @@ class Evaluation:
         self.gpu_gate = gpu_gate
         # Both sides' timing threads run on this CPU (EvalConfig.pin_timing); None: anywhere.
         self.timing_cpu = timing_cpu
+        # The device's fastest launch level so far (EvalConfig.launch_tolerance); None: keep
+        # whichever processes start.
+        self.launch_floor = launch_floor
         self.timing_now = False  # this evaluation holds the timing lane: its steps pass
         self.reasons: list[str] = []
         self.settings: dict[str, str] = {}
@@ -173,6 +179,38 @@ class Evaluation:
             return self.sandbox.spawn(role, walls, env)
         except SandboxError as error:
             raise _JudgeFailed(f"the sandbox could not start the {role}: {error}") from None
+
+    def _settled(self, role: str, child: SandboxChild, walls: Walls) -> SandboxChild:
+        """`child`, or a fresh process in its place while its launch level is more than
+        launch_tolerance above the device's fastest (at most launch_rerolls times). Nothing is
+        loaded yet, so a replacement costs a process start and a context; the level is measured
+        by the evaluator's code alone. A process that cannot say its level is kept: the
+        evaluation then finds out what is wrong with it."""
+        assert self.launch_floor is not None and self.config.launch_tolerance is not None
+        message = {
+            "op": "launch_level",
+            "device": "cuda:0" if self.config.device.startswith("cuda") else "cpu",
+        }
+        for attempt in range(self.config.launch_rerolls + 1):
+            try:
+                with self._gpu_step(message):  # not while another evaluation times
+                    child.channel.send(message)
+                    level = float(self._receive(child).get("launch_us", "nan"))
+            except (ChannelClosed, OSError, ProtocolError, TypeError, ValueError):
+                return child
+            if not math.isfinite(level):
+                return child
+            if (
+                self.launch_floor.keeps(level, self.config.launch_tolerance)
+                or attempt == self.config.launch_rerolls
+            ):
+                return child
+            self.launch_floor.replacing()
+            child.kill()
+            child.wait(2)
+            child.close()
+            child = self._spawn(role, walls, self.sides.env)
+        return child
 
     def _receive(self, child: SandboxChild) -> dict[str, Any]:
         while True:
@@ -372,6 +410,10 @@ class Evaluation:
         with self.stage("process_start"):
             self.judge = self._spawn("judge", self.sides.judge, self.sides.env)
             self.cand = self._spawn("candidate", self.sides.candidate, self.sides.env)
+        if self.launch_floor is not None and config.launch_tolerance is not None:
+            with self.stage("launch_level"):
+                self.judge = self._settled("judge", self.judge, self.sides.judge)
+                self.cand = self._settled("candidate", self.cand, self.sides.candidate)
         setup = self.ask_judge(
             {
                 "op": "setup",

@@ -1,0 +1,67 @@
+"""A process slow to launch kernels is replaced before anything loads (EvalConfig.launch_tolerance).
+
+On a GPU each process keeps a launch level for life; the evaluator measures it first thing and
+starts a fresh process in place of one above the device's fastest. The measurement and the
+replacement run here on the CPU through real sandboxed children; only the floor is forced, since
+a CPU has no such levels and the evaluator never holds it to one there."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from kernelfleet.core.models import Task
+from kernelfleet.evaluator import EvalConfig, Evaluator
+from kernelfleet.evaluator._evaluator import _Lane
+from kernelfleet.evaluator._timing import LaunchFloor, launch_level_us
+from tests.support import evaluator_cases as C
+
+FAST: dict[str, Any] = {
+    "device": "cpu",
+    "correctness_trials": 3,
+    "timing_trials": 5,
+    "warmup": 1,
+    "flush_bytes": 1 << 16,
+    "max_speedup_cv": None,
+    "speedup_recheck": None,
+    "timing_processes": 1,
+    "timeout_seconds": 120.0,
+    "seed": 20261203,
+}
+
+
+def test_the_floor_keeps_processes_near_the_fastest_and_replaces_slower_ones() -> None:
+    floor = LaunchFloor()
+    assert floor.keeps(39.5, 0.04)  # the first sets the floor
+    assert floor.keeps(36.5, 0.04)  # a faster one lowers it
+    assert floor.keeps(37.5, 0.04)  # within 4%
+    assert not floor.keeps(39.5, 0.04)  # the slow level
+    assert (floor.best_us, floor.processes) == (36.5, 4)
+
+
+def test_the_launch_level_is_a_time() -> None:
+    assert 0 < launch_level_us(torch.device("cpu")) < 1e6
+
+
+@pytest.mark.parametrize("tolerance", [0.04, None])
+def test_a_process_slow_to_launch_is_replaced_before_anything_loads(
+    monkeypatch: pytest.MonkeyPatch, tolerance: float | None
+) -> None:
+    floor = LaunchFloor()
+    floor.best_us = 1e-9  # every real process is slower: each is replaced up to launch_rerolls times
+    monkeypatch.setattr(_Lane, "launch_floor", lambda self, config: floor)
+    config = EvalConfig(**FAST, launch_tolerance=tolerance, launch_rerolls=2)
+    with Evaluator(config) as evaluator:
+        result = evaluator.evaluate(Task(name="t", code=C.TINY_OUTPUT_TASK), C.TINY_OUTPUT_HONEST)
+    assert result.verdict == "correct", result.reasons
+    if tolerance is None:
+        assert floor.processes == 0  # not measured at all
+        assert "launch_level" not in result.stages
+    else:
+        # judge and candidate: each measured three times (the first and two replacements); the
+        # last is kept whatever its level, so the evaluation goes on
+        assert (floor.processes, floor.replaced) == (6, 4)
+        assert "launch_level" in result.stages
+        assert config.result_version.endswith(".launch0.04")
