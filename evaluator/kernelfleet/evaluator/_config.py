@@ -181,10 +181,10 @@ class EvalConfig(EvaluationSettings):
     pin_processes: bool = Field(
         default=False,
         description="Both processes of every process pair run on the CPUs local to their GPU (its "
-        "local_cpulist in sysfs), set before CUDA starts, and the timing CPU is one of them. On the H200 a "
-        "process keeps a timing offset per kernel launch for its life (docs/evaluator.md); this asks whether "
-        "it follows where the process made its CUDA context. Off until measured side by side; no effect on "
-        "the CPU device or where the machine does not say which CPUs are local.",
+        "local_cpulist in sysfs), set before CUDA starts, and the timing CPU is one of them. On the one-node "
+        "H200 machine every CPU is local and a process's launch level did not follow its CPUs "
+        "(docs/evaluator.md); unmeasured where a machine has several NUMA nodes. No effect on the CPU device "
+        "or where the machine does not say which CPUs are local.",
     )
     launch_tolerance: float | None = Field(
         default=None,
@@ -192,8 +192,9 @@ class EvalConfig(EvaluationSettings):
         description="On CUDA, each process of a pair first times a chain of 20 tiny kernels, before anything "
         "loads; one more than this fraction slower than the fastest the device has shown is replaced by a "
         "fresh process (at most launch_rerolls times). On the H200 a process keeps one of two launch levels "
-        "(about 8% apart) for its life, and short calls follow it (docs/evaluator.md). None: keep whichever "
-        "process starts (evaluator 0.8.0).",
+        "(about 8% apart) for its life, and short calls follow it; side by side, 50-100 us candidates agreed "
+        "within 1.1-1.6% with 0.04 against 1.7-4.4% without (docs/evaluator.md). Off until its cost in "
+        "evaluations per hour is measured. None: keep whichever process starts (evaluator 0.8.0).",
     )
     launch_rerolls: int = Field(
         default=3, ge=0, le=10, description="Fresh processes tried, at most, in place of one slow to launch."
