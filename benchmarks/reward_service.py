@@ -384,6 +384,8 @@ def run_evaluator_mode(
         lane=lanes.summary(),
         timing_lane_busy_share=metrics.get("timing_lane_busy_share"),
         lane_active_share=metrics.get("lane_active_share"),
+        launch_processes=metrics.get("launch_processes"),
+        launch_replaced=metrics.get("launch_replaced"),
         nvidia_smi_mean_utilization_pct=util.mean,
         nvidia_smi_sm_clock_mhz=util.clock_mhz,
         # Each candidate's own seconds per stage: where a batch's tail comes from.
@@ -729,6 +731,7 @@ def repeat_run(
         results = {
             index: [finished(f) if f.done() else None for f in futures] for index, futures in retimes.items()
         }
+        snapshot = evaluator.metrics.snapshot()
     runs = []
     for number, setting in enumerate(settings):
         pairs = []
@@ -751,6 +754,9 @@ def repeat_run(
     for run in runs:
         run["nvidia_smi_mean_utilization_pct"] = util.mean
         run["nvidia_smi_sm_clock_mhz"] = util.clock_mhz
+        # The evaluator's, over every setting of the run: processes measured for launch_tolerance, replaced.
+        run["launch_processes"] = snapshot.get("launch_processes")
+        run["launch_replaced"] = snapshot.get("launch_replaced")
     return runs
 
 
@@ -891,6 +897,9 @@ def throughput_markdown(t: dict[str, Any]) -> list[str]:
             f"{cell(m['verdicts'])} |"
         )
     lines.append("")
+    for name, m in modes.items():
+        if m.get("launch_processes"):
+            lines.append(f"- {name}: {launch_note(m)}")
     for name, value in t.get("ratios", {}).items():
         lines.append(f"- {name}: {cell(value)}x")
     for note in t.get("notes", []):
@@ -1029,7 +1038,9 @@ def markdown(report: dict[str, Any]) -> str:
             f"timed: p90 {r['p90_disagreement_all']}); nvidia-smi mean "
             f"{cell(r.get('nvidia_smi_mean_utilization_pct'))}%"
             f"{clock_note(r.get('nvidia_smi_sm_clock_mhz'))}; "
-            f"timing seconds per evaluation (median) {cell(r.get('timing_seconds_per_evaluation'))}.",
+            f"timing seconds per evaluation (median) {cell(r.get('timing_seconds_per_evaluation'))}"
+            + (f"; {launch_note(r)} (all settings)" if r.get("launch_processes") else "")
+            + ".",
             "",
             "| task | first | second | disagreement | candidate ms | reference IQR/median "
             "| candidate IQR/median |",
@@ -1064,6 +1075,13 @@ def split_samples(report: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str
             ]
             runs.append({"settings": run.get("settings", {}), "rows": timed})
     return plain, [run for run in runs if run["rows"]]
+
+
+def launch_note(part: dict[str, Any]) -> str:
+    """How many fresh processes launch_tolerance measured and replaced, over the devices."""
+    measured = sum(part.get("launch_processes", {}).values())
+    replaced = sum((part.get("launch_replaced") or {}).values())
+    return f"{replaced} of {measured} processes replaced for a slow launch level"
 
 
 def config_overrides(text: str) -> dict[str, str | None]:

@@ -255,6 +255,7 @@ class Metrics:
         self.building = 0
         self.running = 0
         self.cancelled = 0
+        self.launch_floors: dict[int, LaunchFloor] = {}  # lane -> its floor (EvalConfig.launch_tolerance)
 
     def add(self, **changes: int) -> None:
         with self._lock:
@@ -314,6 +315,11 @@ class Metrics:
                 "timing_lane_busy_s": {str(k): round(v, 3) for k, v in timing.items()},
                 "timing_lane_busy_share": {str(k): round(v / elapsed, 4) for k, v in timing.items()},
                 "lane_active_share": {str(k): round(v / elapsed, 4) for k, v in active.items()},
+                # Processes whose launch level was measured, and those replaced for it (per lane).
+                "launch_processes": {
+                    str(k): f.processes for k, f in self.launch_floors.items() if f.processes
+                },
+                "launch_replaced": {str(k): f.replaced for k, f in self.launch_floors.items() if f.processes},
             }
 
 
@@ -399,6 +405,7 @@ class Evaluator:
                     host=host_name(),
                 )
                 self._lanes = [_Lane(0, None, env, None)]
+                self.metrics.launch_floors = {0: self._lanes[0].launch}
                 return self._lanes
             outcome = self._judge_job(
                 {"op": "probe", "config": self.config.model_dump(mode="json")}, None, timeout=120
@@ -446,6 +453,7 @@ class Evaluator:
                 local = local_cpus(bus) if bus else ()
                 lanes.append(_Lane(position, physical[index], env, info.get("capability"), local))
             self._lanes = lanes
+            self.metrics.launch_floors = {lane.index: lane.launch for lane in lanes}
             return lanes
 
     # -- the sandbox

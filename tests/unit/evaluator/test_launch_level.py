@@ -3,7 +3,7 @@
 On a GPU each process keeps a launch level for life; the evaluator measures it first thing and
 starts a fresh process in place of one above the device's fastest. The measurement and the
 replacement run here on the CPU through real sandboxed children; only the floor is forced, since
-a CPU has no such levels and the evaluator never holds it to one there."""
+a CPU has no such levels and the evaluator never holds a CPU lane to one."""
 
 from __future__ import annotations
 
@@ -49,19 +49,27 @@ def test_the_launch_level_is_a_time() -> None:
 def test_a_process_slow_to_launch_is_replaced_before_anything_loads(
     monkeypatch: pytest.MonkeyPatch, tolerance: float | None
 ) -> None:
-    floor = LaunchFloor()
-    floor.best_us = 1e-9  # every real process is slower: each is replaced up to launch_rerolls times
-    monkeypatch.setattr(_Lane, "launch_floor", lambda self, config: floor)
+    # The lane's own floor, held to on the CPU too (a GPU lane's rule otherwise)
+    monkeypatch.setattr(
+        _Lane,
+        "launch_floor",
+        lambda self, config: self.launch if config.launch_tolerance is not None else None,
+    )
     config = EvalConfig(**FAST, launch_tolerance=tolerance, launch_rerolls=2)
     with Evaluator(config) as evaluator:
+        floor = evaluator._probe_lanes()[0].launch
+        floor.best_us = 1e-9  # every real process is slower: each is replaced up to launch_rerolls times
         result = evaluator.evaluate(Task(name="t", code=C.TINY_OUTPUT_TASK), C.TINY_OUTPUT_HONEST)
+        metrics = evaluator.metrics.snapshot()
     assert result.verdict == "correct", result.reasons
     if tolerance is None:
         assert floor.processes == 0  # not measured at all
         assert "launch_level" not in result.stages
+        assert metrics["launch_processes"] == {}
     else:
         # judge and candidate: each measured three times (the first and two replacements); the
         # last is kept whatever its level, so the evaluation goes on
         assert (floor.processes, floor.replaced) == (6, 4)
+        assert (metrics["launch_processes"], metrics["launch_replaced"]) == ({"0": 6}, {"0": 4})
         assert "launch_level" in result.stages
         assert config.result_version.endswith(".launch0.04")
