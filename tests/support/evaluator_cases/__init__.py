@@ -7,6 +7,25 @@ CPU.
 
 from __future__ import annotations
 
+from typing import Any
+
+# EvalConfig fields for quick, repeatable evaluations on the CPU: what happens inside one pair.
+FAST_CPU: dict[str, Any] = {
+    "device": "cpu",
+    "correctness_trials": 3,
+    "timing_trials": 5,
+    "warmup": 1,
+    "flush_bytes": 1 << 16,
+    "max_speedup_cv": None,
+    "speedup_recheck": None,
+    "timing_processes": 1,  # one pair: these tests are about what happens inside one
+    "cpu_threads": 1,
+    "timeout_seconds": 120.0,
+    # A fixed seed: the same inputs, perturbations and round order on every run, so a verdict
+    # never changes from one run to the next (the stale-memory case used to).
+    "seed": 20261201,
+}
+
 MATMUL_TASK = """
 import torch
 import torch.nn as nn

@@ -7,8 +7,6 @@ a CPU has no such levels and the evaluator never holds a CPU lane to one."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 import torch
 
@@ -17,19 +15,6 @@ from kernelfleet.evaluator import EvalConfig, Evaluator
 from kernelfleet.evaluator._evaluator import _Lane
 from kernelfleet.evaluator._timing import LaunchFloor, launch_level_us
 from tests.support import evaluator_cases as C
-
-FAST: dict[str, Any] = {
-    "device": "cpu",
-    "correctness_trials": 3,
-    "timing_trials": 5,
-    "warmup": 1,
-    "flush_bytes": 1 << 16,
-    "max_speedup_cv": None,
-    "speedup_recheck": None,
-    "timing_processes": 1,
-    "timeout_seconds": 120.0,
-    "seed": 20261203,
-}
 
 
 def test_the_floor_keeps_processes_near_the_fastest_and_replaces_slower_ones() -> None:
@@ -55,7 +40,7 @@ def test_a_process_slow_to_launch_is_replaced_before_anything_loads(
         "launch_floor",
         lambda self, config: self.launch if config.launch_tolerance is not None else None,
     )
-    config = EvalConfig(**FAST, launch_tolerance=tolerance, launch_rerolls=2)
+    config = EvalConfig(**C.FAST_CPU, launch_tolerance=tolerance, launch_rerolls=2)
     with Evaluator(config) as evaluator:
         floor = evaluator._probe_lanes()[0].launch
         floor.best_us = 1e-9  # every real process is slower: each is replaced up to launch_rerolls times
