@@ -11,7 +11,10 @@ offset is per launch; if the graph's holds still, it is in submitting launches, 
 On the H200 (launch_offset-2026-12-03-h200.md) the chain moved by 10% over 8 processes (two
 levels, about 37.0 and 39.6-40.4 us) and the copy by 0.5%. --pins asks whether that is where the
 process started its CUDA context: pinned, before CUDA starts, to the CPUs local to the GPU, to the
-others, or left free, interleaved.
+others, or left free, interleaved. On the one-node H200 machine (launch_offset-2026-12-03-pins.md)
+every CPU is local, the two levels came whatever the pin, and the chain as one CUDA graph held within
+0.3%: the level is in submitting launches one by one (placement_probe --chain then showed that real
+short calls follow it, which EvalConfig.launch_tolerance uses).
 
     python benchmarks/launch_offset.py --processes 6 --pins free,local,remote [--out benchmarks/results]
 """
