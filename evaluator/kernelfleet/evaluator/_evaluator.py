@@ -393,68 +393,67 @@ class Evaluator:
 
     def _probe_lanes(self) -> list[_Lane]:
         with self._lanes_lock:
-            if self._lanes is not None:
-                return self._lanes
-            torch_version = _torch_version()
-            if self.config.device == "cpu":
-                env = Environment(
-                    device="cpu",
-                    gpu_class="cpu",
-                    torch=torch_version,
-                    evaluator_version=self.config.result_version,
-                    host=host_name(),
-                )
-                self._lanes = [_Lane(0, None, env, None)]
-                self.metrics.launch_floors = {0: self._lanes[0].launch}
-                return self._lanes
-            outcome = self._judge_job(
-                {"op": "probe", "config": self.config.model_dump(mode="json")}, None, timeout=120
+            if self._lanes is None:
+                self._lanes = self._make_lanes()
+                self.metrics.launch_floors = {lane.index: lane.launch for lane in self._lanes}
+            return self._lanes
+
+    def _make_lanes(self) -> list[_Lane]:
+        """One lane per device this evaluator uses: the CPU, or the GPUs a probe child sees."""
+        torch_version = _torch_version()
+        if self.config.device == "cpu":
+            env = Environment(
+                device="cpu",
+                gpu_class="cpu",
+                torch=torch_version,
+                evaluator_version=self.config.result_version,
+                host=host_name(),
             )
-            answer = outcome.answer
-            if answer is None or answer.get("status") != "ok":
-                why = "timed out" if outcome.timed_out else outcome.exit_description or str(answer)
-                raise UsageError(
-                    f"cannot query the GPUs (the probe {why}); check the NVIDIA "
-                    f"driver, or use --device cpu\n{outcome.log[-1000:]}"
-                )
-            devices = answer["devices"]
-            if not devices:
-                raise UsageError(
-                    f"device {self.config.device} asked for, but torch sees no CUDA GPU; use cpu"
-                )
-            parent_visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-            physical = (
-                [v.strip() for v in parent_visible.split(",") if v.strip()]
-                if parent_visible
-                else [str(i) for i in range(len(devices))]
+            return [_Lane(0, None, env, None)]
+        outcome = self._judge_job(
+            {"op": "probe", "config": self.config.model_dump(mode="json")}, None, timeout=120
+        )
+        answer = outcome.answer
+        if answer is None or answer.get("status") != "ok":
+            why = "timed out" if outcome.timed_out else outcome.exit_description or str(answer)
+            raise UsageError(
+                f"cannot query the GPUs (the probe {why}); check the NVIDIA "
+                f"driver, or use --device cpu\n{outcome.log[-1000:]}"
             )
-            if self.config.device == "cuda":
-                indices = list(range(len(devices)))
-            else:
-                index = int(self.config.device.split(":")[1])
-                if index >= len(devices):
-                    raise UsageError(
-                        f"device {self.config.device} does not exist: this machine has {len(devices)} GPU(s)"
-                    )
-                indices = [index]
-            lanes = []
-            for position, index in enumerate(indices):
-                info = devices[index]
-                env = Environment(
-                    device=info["name"],
-                    gpu_class=gpu_class(info["name"]),
-                    driver=answer.get("driver", ""),
-                    torch=answer.get("torch", torch_version),
-                    cuda=answer.get("cuda", ""),
-                    evaluator_version=self.config.result_version,
-                    host=host_name(),
+        devices = answer["devices"]
+        if not devices:
+            raise UsageError(f"device {self.config.device} asked for, but torch sees no CUDA GPU; use cpu")
+        parent_visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        physical = (
+            [v.strip() for v in parent_visible.split(",") if v.strip()]
+            if parent_visible
+            else [str(i) for i in range(len(devices))]
+        )
+        if self.config.device == "cuda":
+            indices = list(range(len(devices)))
+        else:
+            index = int(self.config.device.split(":")[1])
+            if index >= len(devices):
+                raise UsageError(
+                    f"device {self.config.device} does not exist: this machine has {len(devices)} GPU(s)"
                 )
-                bus = info.get("pci_bus_id")
-                local = local_cpus(bus) if bus else ()
-                lanes.append(_Lane(position, physical[index], env, info.get("capability"), local))
-            self._lanes = lanes
-            self.metrics.launch_floors = {lane.index: lane.launch for lane in lanes}
-            return lanes
+            indices = [index]
+        lanes = []
+        for position, index in enumerate(indices):
+            info = devices[index]
+            env = Environment(
+                device=info["name"],
+                gpu_class=gpu_class(info["name"]),
+                driver=answer.get("driver", ""),
+                torch=answer.get("torch", torch_version),
+                cuda=answer.get("cuda", ""),
+                evaluator_version=self.config.result_version,
+                host=host_name(),
+            )
+            bus = info.get("pci_bus_id")
+            local = local_cpus(bus) if bus else ()
+            lanes.append(_Lane(position, physical[index], env, info.get("capability"), local))
+        return lanes
 
     # -- the sandbox
 

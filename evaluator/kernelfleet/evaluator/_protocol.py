@@ -206,9 +206,7 @@ class Evaluation:
             ):
                 return child
             self.launch_floor.replacing()
-            child.kill()
-            child.wait(2)
-            child.close()
+            child.close()  # kills it, waits for its exit, drops its files
             child = self._spawn(role, walls, self.sides.env)
         return child
 
