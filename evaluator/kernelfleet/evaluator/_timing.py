@@ -95,7 +95,7 @@ def launch_level_us(device: torch.device) -> float:
     Why: on the H200 a process keeps one of two levels for such a chain for its whole life (about
     36.5 or 39.5 us, by process, wherever its CPUs or its memory lie), and every short call it times
     carries the same offset: 50-100 us KernelBench calls followed the chain's level with a
-    correlation of 0.7-0.9 over 14 processes (docs/evaluator.md). The judge and the candidate are
+    correlation of 0.69-0.90 over 14 processes (docs/evaluator.md). The judge and the candidate are
     two processes, so two levels make a speedup a few per cent apart from one process pair to the
     next. The fastest round, not the median: a neighbour's kernels can only make a round slower."""
     if device.type != "cuda":  # the CPU has no such levels; a wall clock keeps the step testable
