@@ -7,6 +7,8 @@ a CPU has no such levels and the evaluator never holds a CPU lane to one."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -27,11 +29,12 @@ def test_the_floor_keeps_processes_near_the_fastest_and_replaces_slower_ones() -
 
 
 def test_the_launch_level_is_a_time() -> None:
-    assert 0 < launch_level_us(torch.device("cpu")) < 1e6
+    level = launch_level_us(torch.device("cpu"))
+    assert math.isfinite(level) and level > 0
 
 
 @pytest.mark.parametrize("tolerance", [0.04, None])
-def test_a_process_slow_to_launch_is_replaced_before_anything_loads(
+def test_a_process_slow_to_launch_is_replaced_and_the_evaluation_goes_on(
     monkeypatch: pytest.MonkeyPatch, tolerance: float | None
 ) -> None:
     # The lane's own floor, held to on the CPU too (a GPU lane's rule otherwise)
