@@ -162,6 +162,12 @@ MODES: dict[str, Mode] = {
             about="evaluate_batch with 6 evaluations per device at once (the default is 4)",
         ),
         Mode(
+            "pipeline-eight-slots",
+            "batch",
+            {"lane_slots": 8},
+            about="evaluate_batch with 8 evaluations per device at once (the default is 4)",
+        ),
+        Mode(
             "pipeline-no-reuse",
             "batch",
             {"reference_reuse": False},

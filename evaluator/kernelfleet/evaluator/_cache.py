@@ -18,6 +18,9 @@ from pydantic import ValidationError
 from kernelfleet.core.models import EvaluationResult, ResultKey
 
 
+_TEMPORARY = ".tmp-"  # the prefix of a result being written; renamed into place when whole
+
+
 @runtime_checkable
 class ResultCache(Protocol):
     def get(self, key: ResultKey) -> EvaluationResult | None: ...
@@ -49,7 +52,7 @@ class DirectoryResultCache:
     def put(self, result: EvaluationResult) -> None:
         path = self._path(result.key)
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, temp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=path.parent)
+        fd, temp = tempfile.mkstemp(prefix=_TEMPORARY, suffix=".json", dir=path.parent)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as handle:
                 handle.write(result.model_dump_json(indent=1))
@@ -61,4 +64,8 @@ class DirectoryResultCache:
             raise
 
     def __len__(self) -> int:
-        return sum(1 for _ in self.root.rglob("*.json")) if self.root.exists() else 0
+        """Finished results only: a temporary file being written (or left by a killed run) is
+        not one, and counting it would report a result that a resume cannot read."""
+        if not self.root.exists():
+            return 0
+        return sum(1 for path in self.root.rglob("*.json") if not path.name.startswith(_TEMPORARY))

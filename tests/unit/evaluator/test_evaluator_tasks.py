@@ -213,6 +213,9 @@ def test_directory_cache_roundtrip(tmp_path: Path) -> None:
     assert cache.get(result.key) == result
     assert len(cache) == 1
     assert not list(tmp_path.rglob(".tmp-*"))
+    # A result being written (or left half-written by a killed run) is not a result.
+    (tmp_path / result.key.path()).with_name(".tmp-partial.json").write_text("{")
+    assert len(cache) == 1
     path = tmp_path / result.key.path()
     path.write_text("{not json")
     assert cache.get(result.key) is None
