@@ -17,7 +17,6 @@ from pydantic import ValidationError
 
 from kernelfleet.core.models import EvaluationResult, ResultKey
 
-
 _TEMPORARY = ".tmp-"  # the prefix of a result being written; renamed into place when whole
 
 

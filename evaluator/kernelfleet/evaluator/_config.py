@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator
 
 from kernelfleet.core.settings import Device, EvaluationProfile, EvaluationSettings, IsolationLevel
 from kernelfleet.evaluator._version import EVALUATOR_VERSION
@@ -196,6 +196,23 @@ class EvalConfig(EvaluationSettings):
         "within 1.1-1.6% with 0.04 against 1.7-4.4% without (docs/evaluator.md). Off until its cost in "
         "evaluations per hour is measured. None: keep whichever process starts (evaluator 0.8.0).",
     )
+    timing_processes_max: int | None = Field(
+        default=None,
+        ge=2,
+        le=8,
+        description="More fresh process pairs, up to this many in all, while the pairs' speedups (each "
+        "pair's ratio of medians) spread by more than pair_tolerance, largest over smallest: a candidate "
+        "whose processes disagree is timed until their geometric mean has more processes under it, and "
+        "one whose pairs agree costs nothing more. For the calls a process's launch level or a per-process "
+        "algorithm choice moves (docs/evaluator.md). Needs timing_processes of 2 or more, and is at least "
+        "that. None: exactly timing_processes pairs.",
+    )
+    pair_tolerance: float = Field(
+        default=0.02,
+        gt=0,
+        description="The spread of the pairs' speedups (largest over smallest, less 1) under which no more "
+        "pairs are timed (timing_processes_max).",
+    )
     launch_rerolls: int = Field(
         default=3, ge=0, le=10, description="Fresh processes tried, at most, in place of one slow to launch."
     )
@@ -289,6 +306,17 @@ class EvalConfig(EvaluationSettings):
     baseline_modes: tuple[str, ...] = BASELINE_MODES
     baseline_trials: int | None = Field(default=None, description="None: timing_trials.")
 
+    @field_validator("timing_processes_max")
+    @classmethod
+    def _at_least_timing_processes(cls, value: int | None, info: ValidationInfo) -> int | None:
+        pairs = info.data.get("timing_processes")
+        if value is not None and pairs is not None and value < pairs:
+            raise ValueError(
+                f"timing_processes_max ({value}) is below timing_processes ({pairs}): set it to "
+                f"{pairs} or more, or leave it unset for exactly timing_processes pairs"
+            )
+        return value
+
     @field_validator("baseline_modes")
     @classmethod
     def _check_modes(cls, value: tuple[str, ...]) -> tuple[str, ...]:
@@ -318,6 +346,8 @@ class EvalConfig(EvaluationSettings):
             suffix += ".localcpus"
         if self.launch_tolerance != defaults["launch_tolerance"].default:
             suffix += f".launch{self.launch_tolerance}"
+        if self.timing_processes_max is not None:
+            suffix += f".pairsmax{self.timing_processes_max}@{self.pair_tolerance}"
         return f"{EVALUATOR_VERSION}+{suffix}"
 
     @property

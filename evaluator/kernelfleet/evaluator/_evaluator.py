@@ -166,6 +166,23 @@ def recheck_of_pairs(pooled: PooledTiming, config: EvalConfig) -> tuple[str, int
     return R.reason(R.RECHECKED, f"{each} in fresh process pairs; their pooled speedup counts"), None
 
 
+def another_pair(answers: Sequence[dict[str, Any]], config: EvalConfig) -> bool:
+    """Whether a candidate timed in `answers` (its process pairs so far) needs one more pair:
+    always below timing_processes; then, up to timing_processes_max, while the pairs' own
+    speedups (ratio of medians) spread by more than pair_tolerance. A process keeps its offset
+    for its life, so pairs that disagree are told apart only by more processes, not more rounds."""
+    if len(answers) < config.timing_processes:
+        return True
+    if config.timing_processes_max is None or len(answers) >= config.timing_processes_max:
+        return False
+    ratios = [
+        statistics.median(map(float, answer["reference_ms"]))
+        / statistics.median(map(float, answer["candidate_ms"]))
+        for answer in answers
+    ]
+    return max(ratios) / min(ratios) - 1 > config.pair_tolerance
+
+
 class TaskError(UsageError):
     """The task's reference does not load or run: fix the task, not the candidate."""
 
@@ -779,7 +796,7 @@ class Evaluator:
         rechecked, spent = False, outcome.counted_s
         if verdict == "correct" and speedup is not None and config.timing_processes > 1:
             answers = [answer]
-            while len(answers) < config.timing_processes:
+            while another_pair(answers, config):
                 begin = time.monotonic()
                 more = self._child(item, lane, reuse=False, spent=spent)
                 item.stages["more_pairs"] = item.stages.get("more_pairs", 0.0) + time.monotonic() - begin

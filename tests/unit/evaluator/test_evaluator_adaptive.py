@@ -16,7 +16,7 @@ from kernelfleet.core.models import EvaluationResult, Task, Verdict
 from kernelfleet.evaluator import EvalConfig, Evaluator
 from kernelfleet.evaluator import _evaluator as evaluator_module
 from kernelfleet.evaluator import reasons as R
-from kernelfleet.evaluator._evaluator import PooledTiming, pool_pairs, recheck_of_pairs
+from kernelfleet.evaluator._evaluator import PooledTiming, another_pair, pool_pairs, recheck_of_pairs
 from kernelfleet.evaluator._protocol import Outcome
 from kernelfleet.evaluator._timing import AdaptiveTiming, adaptive_timing, decide, speedup_interval
 from tests.support import evaluator_cases as C
@@ -404,6 +404,47 @@ def test_several_pairs_are_the_recheck_of_a_large_speedup() -> None:
     assert apart is not None and apart[1] == 0 and R.reason_code(apart[0]) == R.NOT_REPRODUCIBLE
     assert "1.20x, then 5.00x" in apart[0]
     assert recheck_of_pairs(pairs_at(1.2, 5.0), EvalConfig(timing_processes=2, speedup_recheck=None)) is None
+
+
+def answer_at(ratio: float) -> dict[str, Any]:
+    """One process pair's answer whose ratio of medians is `ratio`."""
+    return {"reference_ms": [ratio, ratio, ratio], "candidate_ms": [1.0, 1.0, 1.0]}
+
+
+def test_pairs_that_disagree_are_timed_again_up_to_the_most() -> None:
+    """Below timing_processes a pair always follows; past it, only with timing_processes_max set,
+    while the pairs' speedups spread by more than pair_tolerance, and never past the most."""
+    plain = EvalConfig(timing_processes=2)
+    assert another_pair([answer_at(1.0)], plain)
+    assert not another_pair([answer_at(1.0), answer_at(1.5)], plain)  # no most: exactly two
+    adaptive = EvalConfig(timing_processes=2, timing_processes_max=4, pair_tolerance=0.02)
+    assert not another_pair([answer_at(1.00), answer_at(1.015)], adaptive)  # they agree
+    assert another_pair([answer_at(1.00), answer_at(1.05)], adaptive)
+    assert another_pair([answer_at(1.00), answer_at(1.05), answer_at(1.02)], adaptive)
+    assert not another_pair([answer_at(1.00), answer_at(1.05), answer_at(1.02), answer_at(1.0)], adaptive)
+    assert "pairsmax4@0.02" in adaptive.result_version
+
+
+def test_a_most_below_the_pairs_always_timed_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match=r"timing_processes_max \(2\) is below timing_processes \(3\)"):
+        EvalConfig(timing_processes=3, timing_processes_max=2)
+
+
+def test_a_candidate_whose_pairs_disagree_is_timed_in_more_pairs() -> None:
+    """End to end on the CPU: a tolerance no two processes meet times the most pairs, and the
+    pooled result names them all."""
+    result = slow_pair(
+        correctness_trials=1,
+        timing_trials=5,
+        timing_retries=0,
+        max_speedup_cv=None,
+        timing_processes=2,
+        timing_processes_max=3,
+        pair_tolerance=1e-9,
+    )
+    assert result.verdict == Verdict.CORRECT, result.reasons
+    pooled = [r for r in result.reasons if R.reason_code(r) == R.POOLED]
+    assert len(pooled) == 1 and "3 fresh process pairs" in pooled[0], result.reasons
 
 
 # ---------------------------------------------------------------- the primer before short calls
