@@ -3,6 +3,7 @@ OpenAI chat-completions protocol: plain and streamed answers, errors, retries, t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -59,17 +60,19 @@ class ChatServer:
                     step = server.steps.pop(0) if server.steps else None
                     server.in_flight += 1
                     server.max_in_flight = max(server.max_in_flight, server.in_flight)
+                step = step or Step(text=server.default_answer(body))
                 try:
-                    self.respond(body, step or Step(text=server.default_answer(body)))
-                except (BrokenPipeError, ConnectionResetError):
-                    pass  # the client gave up first (the timeout tests)
+                    time.sleep(step.sleep_s)  # the server's work on the request
                 finally:
+                    # In flight until its answer starts: a client that has read the answer may
+                    # send its next request before this thread would get past the write.
                     with server.lock:
                         server.in_flight -= 1
+                # The client may have given up first (the timeout tests).
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                    self.respond(body, step)
 
             def respond(self, body: dict[str, Any], step: Step) -> None:
-                if step.sleep_s:
-                    time.sleep(step.sleep_s)
                 if self.path != "/v1/chat/completions":
                     step = Step(status=404, text="no such route")
                 if step.status != 200:
