@@ -231,10 +231,12 @@ def test_an_evicted_stage_resumes_from_its_newest_checkpoint(
     cluster: Any, minio: Any, runner: PodRunner, tmp_path: Path
 ) -> None:
     """The stage's pod is evicted (the Eviction API, as a node drain does) once a checkpoint is
-    in MinIO; the Job controller starts another pod, which resumes from that checkpoint."""
+    in MinIO; the Job controller starts another pod, which resumes from that checkpoint. The
+    stage is long against the eviction's reaction (the test's and the pod runner's polls, about
+    a second), so the evicted pod cannot finish first."""
     setup = Setup(cluster, minio, tmp_path)
     store = setup.store
-    steps = 8
+    steps = 24
     with setup.operator:
         run = setup.create("evicted", [setup.sft_stage(steps)])
         layout = TrainingLayout(run.prefix)

@@ -286,8 +286,17 @@ def test_status_folds_job_status_and_outcomes_into_complete(operator: Any, kube:
     assert status["observedGeneration"] == resource["metadata"]["generation"]
     assert status["verification"]["l40"]["verified"] == 2
     assert status["verification"]["l40"]["medianRatio"] == 0.75
-    events = kube.core.list_namespaced_event(kube.namespace, field_selector="involvedObject.name=fold").items
-    assert any(e.reason == "AllTasksEnded" for e in events)
+    # kopf posts events from a queue of its own, which may commit after the status patch.
+    wait_for(
+        "the AllTasksEnded event",
+        lambda: any(
+            e.reason == "AllTasksEnded"
+            for e in kube.core.list_namespaced_event(
+                kube.namespace, field_selector="involvedObject.name=fold"
+            ).items
+        ),
+        timeout=WAIT_S,
+    )
     assert "kernelfleet_operator_status_patches_total" in operator.metrics()
     with urllib.request.urlopen(f"http://127.0.0.1:{operator.health_port}/healthz", timeout=10) as response:
         assert response.status == 200

@@ -205,7 +205,10 @@ def test_stages_run_in_order_with_the_evaluator_gated_suspended_and_removed(
     def sft_running() -> dict[str, Any] | None:
         current = status(kube, run)
         stages = current.get("stages") or []
-        return current if stages and stages[0].get("step") == 3 else None
+        # Both facts: a reconcile pass that listed the Jobs before run_job and read the store
+        # after put_json reports step 3 of a Pending stage, until its next pass.
+        running = stages and stages[0].get("step") == 3 and current.get("phase") == "Running"
+        return current if running else None
 
     current = wait_for("the sft stage's step in the status", sft_running, timeout=WAIT_S)
     assert current["phase"] == "Running" and current["currentStage"] == "sft"

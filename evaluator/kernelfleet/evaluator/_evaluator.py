@@ -1063,14 +1063,16 @@ class Evaluator:
                 continue
             self.metrics.add(running=1)
             item.state = "running"
+            # `running` drops before the future resolves: a caller that has its result reads
+            # metrics that no longer count it.
             try:
                 result = self._run_evaluation(item, lane)
             except BaseException as error:  # cancelled, a task error or an evaluator bug
+                self.metrics.add(running=-1)
                 self._done(item, error=error)
             else:
-                self._done(item, result)
-            finally:
                 self.metrics.add(running=-1)
+                self._done(item, result)
 
     # -- batches
 
