@@ -203,8 +203,9 @@ class EvalConfig(EvaluationSettings):
         description="More fresh process pairs, up to this many in all, while the pairs' speedups (each "
         "pair's ratio of medians) spread by more than pair_tolerance, largest over smallest: a candidate "
         "whose processes disagree is timed until their geometric mean has more processes under it, and "
-        "one whose pairs agree costs nothing more. Needs timing_processes of 2 or more, and is at least "
-        "that. Off by default: side by side on the H200 (with launch_tolerance 0.04) a candidate whose "
+        "one whose pairs agree costs nothing more. One more starts only while timeout_seconds has room "
+        "for twice what a pair took. Needs timing_processes of 2 or more, and is at least that. Off by "
+        "default: side by side on the H200 (with launch_tolerance 0.04) a candidate whose "
         "reference takes one of two modes per process still came 9% apart, since two pairs can agree on "
         "either mode, for 2.7x the timing time (docs/evaluator.md). None: exactly timing_processes pairs.",
     )

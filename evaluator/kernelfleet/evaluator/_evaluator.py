@@ -166,14 +166,19 @@ def recheck_of_pairs(pooled: PooledTiming, config: EvalConfig) -> tuple[str, int
     return R.reason(R.RECHECKED, f"{each} in fresh process pairs; their pooled speedup counts"), None
 
 
-def another_pair(answers: Sequence[dict[str, Any]], config: EvalConfig) -> bool:
-    """Whether a candidate timed in `answers` (its process pairs so far) needs one more pair:
-    always below timing_processes; then, up to timing_processes_max, while the pairs' own
-    speedups (ratio of medians) spread by more than pair_tolerance. A process keeps its offset
-    for its life, so pairs that disagree are told apart only by more processes, not more rounds."""
+def another_pair(answers: Sequence[dict[str, Any]], config: EvalConfig, spent_s: float) -> bool:
+    """Whether a candidate timed in `answers` (its process pairs so far, which used `spent_s` of
+    timeout_seconds) needs one more pair: always below timing_processes; then, up to
+    timing_processes_max, while the pairs' own speedups (ratio of medians) spread by more than
+    pair_tolerance. A process keeps its offset for its life, so pairs that disagree are told
+    apart only by more processes, not more rounds. Such an optional pair starts only with room
+    for twice what a pair took so far: one that ran out of the timeout would turn a measured
+    speedup into a timeout."""
     if len(answers) < config.timing_processes:
         return True
     if config.timing_processes_max is None or len(answers) >= config.timing_processes_max:
+        return False
+    if config.timeout_seconds - spent_s < 2 * spent_s / len(answers):
         return False
     ratios = [
         statistics.median(map(float, answer["reference_ms"]))
@@ -796,7 +801,7 @@ class Evaluator:
         rechecked, spent = False, outcome.counted_s
         if verdict == "correct" and speedup is not None and config.timing_processes > 1:
             answers = [answer]
-            while another_pair(answers, config):
+            while another_pair(answers, config, spent):
                 begin = time.monotonic()
                 more = self._child(item, lane, reuse=False, spent=spent)
                 item.stages["more_pairs"] = item.stages.get("more_pairs", 0.0) + time.monotonic() - begin

@@ -413,16 +413,22 @@ def answer_at(ratio: float) -> dict[str, Any]:
 
 def test_pairs_that_disagree_are_timed_again_up_to_the_most() -> None:
     """Below timing_processes a pair always follows; past it, only with timing_processes_max set,
-    while the pairs' speedups spread by more than pair_tolerance, and never past the most."""
+    while the pairs' speedups spread by more than pair_tolerance, never past the most, and never
+    without room for it in timeout_seconds."""
     plain = EvalConfig(timing_processes=2)
-    assert another_pair([answer_at(1.0)], plain)
-    assert not another_pair([answer_at(1.0), answer_at(1.5)], plain)  # no most: exactly two
+    assert another_pair([answer_at(1.0)], plain, 1.0)
+    assert not another_pair([answer_at(1.0), answer_at(1.5)], plain, 2.0)  # no most: exactly two
     adaptive = EvalConfig(timing_processes=2, timing_processes_max=4, pair_tolerance=0.02)
-    assert not another_pair([answer_at(1.00), answer_at(1.015)], adaptive)  # they agree
-    assert another_pair([answer_at(1.00), answer_at(1.05)], adaptive)
-    assert another_pair([answer_at(1.00), answer_at(1.05), answer_at(1.02)], adaptive)
-    assert not another_pair([answer_at(1.00), answer_at(1.05), answer_at(1.02), answer_at(1.0)], adaptive)
+    assert not another_pair([answer_at(1.00), answer_at(1.015)], adaptive, 2.0)  # they agree
+    assert another_pair([answer_at(1.00), answer_at(1.05)], adaptive, 2.0)
+    assert another_pair([answer_at(1.00), answer_at(1.05), answer_at(1.02)], adaptive, 3.0)
+    four = [answer_at(1.00), answer_at(1.05), answer_at(1.02), answer_at(1.0)]
+    assert not another_pair(four, adaptive, 4.0)  # the most
     assert "pairsmax4@0.02" in adaptive.result_version
+    # Two pairs took 100 of the 180 s timeout: 80 s left is less than twice a pair's 50 s.
+    timed = EvalConfig(timing_processes=2, timing_processes_max=4, timeout_seconds=180)
+    assert another_pair([answer_at(1.00), answer_at(1.05)], timed, 60.0)
+    assert not another_pair([answer_at(1.00), answer_at(1.05)], timed, 100.0)
 
 
 def test_a_most_below_the_pairs_always_timed_is_refused_by_name() -> None:
