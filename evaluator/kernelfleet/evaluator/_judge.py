@@ -12,6 +12,7 @@ module or its timing: they live here.
 from __future__ import annotations
 
 import contextlib
+import os
 import traceback
 from pathlib import Path
 from typing import Any
@@ -104,6 +105,20 @@ class JudgeSession:
         return value, wrong
 
     def compare(self, request: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return self._compare(request)
+        finally:
+            self.discard(str(request["inputs"]), str(request["output"]))
+
+    def discard(self, *names: str) -> None:
+        """Exchange files that were read: kept, a call's inputs and output filled the
+        candidate's scratch on tasks with large inputs (0.5 GB and more each) before the timing
+        bank was written there, and a sound candidate came out as an evaluator fault."""
+        for name in names:
+            with contextlib.suppress(OSError):
+                os.unlink(self.path(name))
+
+    def _compare(self, request: dict[str, Any]) -> dict[str, Any]:
         s = self.session
         inputs = self.inputs.pop(str(request["inputs"]))
         seed = int(request["seed"])
@@ -194,7 +209,10 @@ class JudgeSession:
         return {"ms": elapsed, "naive": naive, "spill": spill, "primer_ms": primer_ms}
 
     def check_round(self, request: dict[str, Any]) -> dict[str, Any]:
-        out_c, wrong = self.read_candidate(str(request["output"]))
+        try:
+            out_c, wrong = self.read_candidate(str(request["output"]))
+        finally:
+            self.discard(str(request["output"]))
         kept, self.kept = self.kept, None
         ok = not wrong and compare(out_c, kept, self.session.profile, measure_error=False).ok
         return {"ok": ok}

@@ -210,3 +210,47 @@ def test_evaluations_side_by_side_each_have_their_scratch_space() -> None:
         results = evaluator.evaluate_batch(items, progress=False)
     for result in results:
         assert result.verdict == Verdict.CORRECT, (result.reasons, result.log)
+
+
+LARGE_INPUTS_TASK = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return x * 2.0
+
+
+def get_inputs():
+    return [torch.randn(1 << 20)]  # 4 MiB
+
+
+def get_init_inputs():
+    return []
+"""
+
+LARGE_INPUTS_CANDIDATE = """
+import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return x + x
+"""
+
+
+def test_each_trials_exchange_files_go_once_judged() -> None:
+    """Every correctness trial exchanges its inputs and the candidate's output as files in the
+    candidate's scratch space; kept, they filled it before timing began on tasks with large
+    inputs (KernelBench 1:5, 1:40 and 1:46 on the H200: the judge's bank write failed with "No
+    space left on device" in every run). Here 6 trials of 8 MiB each outgrow a 32 MiB scratch;
+    with each trial's files removed once judged, the evaluation passes and is timed."""
+    config = EvalConfig(
+        **{**ONE_BATCH, "correctness_trials": 6}, lane_slots=1, compile_workers=1, scratch_bytes=32 * 1024**2
+    )
+    with Evaluator(config) as evaluator:
+        result = evaluator.evaluate(Task(name="large-inputs", code=LARGE_INPUTS_TASK), LARGE_INPUTS_CANDIDATE)
+    assert result.verdict == Verdict.CORRECT, (result.reasons, result.log)
+    assert result.candidate is not None
