@@ -181,9 +181,8 @@ def another_pair(answers: Sequence[dict[str, Any]], config: EvalConfig, spent_s:
     if config.timeout_seconds - spent_s < 2 * spent_s / len(answers):
         return False
     ratios = [
-        statistics.median(map(float, answer["reference_ms"]))
-        / statistics.median(map(float, answer["candidate_ms"]))
-        for answer in answers
+        reference.median_ms / candidate.median_ms
+        for reference, candidate in (answer_timings(answer, keep=False) for answer in answers)
     ]
     return max(ratios) / min(ratios) - 1 > config.pair_tolerance
 

@@ -112,7 +112,7 @@ class JudgeSession:
 
     def discard(self, *names: str) -> None:
         """Exchange files that were read: kept, a call's inputs and output filled the
-        candidate's scratch on tasks with large inputs (0.5 GB and more each) before the timing
+        candidate's scratch on tasks with large inputs (0.27-0.54 GB each) before the timing
         bank was written there, and a sound candidate came out as an evaluator fault."""
         for name in names:
             with contextlib.suppress(OSError):

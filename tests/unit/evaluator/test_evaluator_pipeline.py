@@ -254,3 +254,43 @@ def test_each_trials_exchange_files_go_once_judged() -> None:
         result = evaluator.evaluate(Task(name="large-inputs", code=LARGE_INPUTS_TASK), LARGE_INPUTS_CANDIDATE)
     assert result.verdict == Verdict.CORRECT, (result.reasons, result.log)
     assert result.candidate is not None
+
+
+HOARDING_CANDIDATE = """
+import os
+import tempfile
+
+import torch.nn as nn
+
+# Hostile to the clean-up: the exchange directory becomes a link to one of the candidate's
+# own, and every exchange file it sees is hard-linked into a hoard, so the judge's removal of
+# a judged file takes a name and never the data the candidate holds.
+_SCRATCH = tempfile.gettempdir()
+_REAL = os.path.join(_SCRATCH, "xchg-real")
+_HOARD = os.path.join(_SCRATCH, "hoard")
+os.rename(os.path.join(_SCRATCH, "xchg"), _REAL)
+os.symlink(_REAL, os.path.join(_SCRATCH, "xchg"))
+os.makedirs(_HOARD, exist_ok=True)
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        for name in os.listdir(_REAL):
+            try:
+                os.link(os.path.join(_REAL, name), os.path.join(_HOARD, name))
+            except OSError:
+                pass
+        return x + x
+"""
+
+
+def test_a_candidate_that_tampers_with_its_exchange_files_changes_no_verdict() -> None:
+    """Hostile: the judge removes judged files from a directory the candidate owns. The candidate
+    swaps that directory for a link and hard-links every file into a hoard: the removal still
+    takes only names the judge chose, in the directory it already writes, and the honest
+    arithmetic is judged correct and timed."""
+    config = EvalConfig(**{**ONE_BATCH, "correctness_trials": 3}, lane_slots=1, compile_workers=1)
+    with Evaluator(config) as evaluator:
+        result = evaluator.evaluate(Task(name="large-inputs", code=LARGE_INPUTS_TASK), HOARDING_CANDIDATE)
+    assert result.verdict == Verdict.CORRECT, (result.reasons, result.log)
+    assert result.candidate is not None
