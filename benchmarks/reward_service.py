@@ -57,6 +57,7 @@ import argparse
 import concurrent.futures
 import dataclasses
 import datetime as dt
+import faulthandler
 import gzip
 import json
 import os
@@ -1160,6 +1161,10 @@ def main() -> int:
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     parser.add_argument("--tag", default="", help="added to the file names: several runs of one day")
     args = parser.parse_args()
+    # --max-seconds is a bound: a run still alive a minute past it (a thread that does not let the
+    # interpreter exit, as one call on the H200 showed after its last save) prints every
+    # thread's stack, so that the cause is on record, and ends.
+    faulthandler.dump_traceback_later(args.max_seconds + 60, exit=True)
     if not args.kernels or not Path(args.kernels).is_file():
         parser.error("give --kernels FILE (or $KERNELFLEET_CUDA_L1_KERNELS): the published-kernel JSONL")
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # All GPU checks and benchmarks in one call, for the GPU machine (an H200 here; any CUDA GPU).
-# Writes a dated results file (GPU, driver, torch, commit, numbers) to benchmarks/results/ and,
-# when $OUT is set (the device tool's output folder), copies everything there too.
+# Writes a dated results file (GPU, driver, torch, commit, numbers) to benchmarks/results/, or
+# to $OUT/results when $OUT is set (the device tool's output folder).
 #
 # Usage: KERNELFLEET_COMMIT=<sha> scripts/gpu-check.sh [--quick]
 #   --quick: the GPU tests only. EVAL_SECONDS / OPT_SECONDS bound the two benchmarks; OPT_STORE
@@ -64,7 +64,10 @@ export PYTHONPATH="$PWD/core:$PWD/evaluator:$PWD/search:$PWD/trainer:$PWD/operat
 export PYTHONUNBUFFERED=1
 
 STAMP=$(date -u +%Y-%m-%d)
-RESULTS=benchmarks/results; mkdir -p "$RESULTS"
+# With $OUT (the device tool's output folder) everything is written straight there: a call
+# killed at its limit takes every process with it, an EXIT trap too, and only what is already
+# under $OUT comes back. Copy the files into benchmarks/results to commit them.
+RESULTS=${OUT:+$OUT/results}; RESULTS=${RESULTS:-benchmarks/results}; mkdir -p "$RESULTS"
 # GPU_CHECK_TAG names this call's files apart from another's of the same day (several checks
 # in one device call): gpu-check-<date>-<tag>.log, reward_service-<date>-<tag>.json, ...
 TAG=${GPU_CHECK_TAG:+-$GPU_CHECK_TAG}
@@ -72,15 +75,6 @@ LOG="$RESULTS/gpu-check-$STAMP$TAG.log"
 ENVFILE="$RESULTS/gpu-env-$STAMP$TAG.json"
 : > "$LOG"
 
-copy_out() {  # on every exit, a killed or timed-out run too: the benchmarks save as they go
-  if [[ -n "${OUT:-}" && -f "$ENVFILE" ]]; then
-    mkdir -p "$OUT/results"
-    # Only what this call wrote: the device returns at most 8 files.
-    cp "$ENVFILE" "$LOG" "$OUT/results/" 2>/dev/null
-    find "$RESULTS" -maxdepth 1 -type f -newer "$ENVFILE" ! -name "$(basename "$LOG")" -exec cp {} "$OUT/results/" \;
-  fi
-}
-trap copy_out EXIT
 trap 'exit 143' TERM INT
 
 python3 - > "$ENVFILE" <<'PY'
