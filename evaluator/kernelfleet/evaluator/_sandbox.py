@@ -632,12 +632,23 @@ class Sandbox:
                 control.send({"op": "kill", "id": child.id})
 
     def close(self) -> None:
+        self.hang_up()
+        self.reap()
+
+    def hang_up(self) -> None:
+        """Tell the zygote to end: it kills its children and exits when its control socket
+        ends (`reap` waits for that). The sandbox cannot be used afterwards."""
         with self._lock:
             self._closed = True
             control, self._control = self._control, None
-            process = self._process
         if control is not None:
-            control.close()
+            control.hang_up()  # the reader thread is blocked receiving on it: a close alone is no end
+
+    def reap(self) -> None:
+        """Wait for the zygote that `hang_up` ended (killing it after 10 s), then remove what
+        the sandbox kept on the host."""
+        with self._lock:
+            process = self._process
         if process is not None:
             try:
                 process.wait(10)
@@ -651,7 +662,9 @@ class Sandbox:
                 try:
                     os.rmdir(self._cgroup)
                     break
-                except OSError:
+                except FileNotFoundError:
+                    break
+                except OSError:  # busy until the kernel has let go of the zygote's last process
                     time.sleep(0.1)
         shutil.rmtree(self.host_dir, ignore_errors=True)
 
@@ -721,5 +734,7 @@ def close_all() -> None:
     with _SANDBOXES_LOCK:
         sandboxes = list(_SANDBOXES.values())
         _SANDBOXES.clear()
+    for sandbox in sandboxes:  # every zygote ends at once, not one after another
+        sandbox.hang_up()
     for sandbox in sandboxes:
-        sandbox.close()
+        sandbox.reap()

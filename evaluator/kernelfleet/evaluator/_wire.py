@@ -122,6 +122,15 @@ class PacketChannel:
         with contextlib.suppress(OSError):
             self.sock.close()
 
+    def hang_up(self) -> None:
+        """End the conversation for both sides at once, then close. A plain close does not
+        while another thread is blocked receiving on this socket: that call holds the socket
+        open, so the peer never reads its end. A shutdown ends it for every holder, and wakes
+        the blocked receive too."""
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        self.close()
+
     def send(self, message: dict[str, Any], fds: list[int] | None = None) -> None:
         data = json.dumps(message, separators=(",", ":")).encode("utf-8")
         ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []

@@ -193,3 +193,16 @@ def test_pinned_processes_start_on_their_gpus_cpus(pinned: bool) -> None:
     assert outcome.answer["cpus"] == ([allowed[0]] if pinned else allowed)
     assert lane.timing_cpu(config) == (allowed[0] if pinned else allowed[-1])
     assert config.result_version.endswith(".localcpus") is pinned
+
+
+def test_a_closed_sandbox_s_zygote_ends_by_itself(tmp_path: Path) -> None:
+    """Closing a sandbox ends its zygote through the control socket, though the sandbox's reader
+    thread is blocked receiving on that socket: a plain close left the zygote waiting, and every
+    sandbox was then killed after 10 s, one after another, at the end of each run."""
+    sandbox = S.Sandbox(S.detect().level, build_root=str(tmp_path))
+    child = sandbox.spawn("candidate", S.Walls(), S.sandbox_env())
+    child.close()
+    process = sandbox._process
+    assert process is not None
+    sandbox.close()
+    assert process.returncode == 0  # it exited; killed, it would be -9
