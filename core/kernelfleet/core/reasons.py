@@ -56,6 +56,7 @@ TRACE_UNAVAILABLE = "trace-unavailable"
 SETTING_APPLIED = "setting-applied"
 REFERENCE_REUSED = "reference-reused"  # the reference's timing came from earlier in the session
 POOLED = "timing-pooled"  # timed in several fresh process pairs (EvalConfig.timing_processes)
+UNEVEN_SPREAD = "timing-uneven"  # one side varies round to round far more than the other
 NOT_EVALUATED = "not-evaluated"
 
 REJECTING = frozenset(

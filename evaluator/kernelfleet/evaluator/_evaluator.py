@@ -166,6 +166,37 @@ def recheck_of_pairs(pooled: PooledTiming, config: EvalConfig) -> tuple[str, int
     return R.reason(R.RECHECKED, f"{each} in fresh process pairs; their pooled speedup counts"), None
 
 
+UNEVEN_SPREAD = 0.10  # a side whose IQR is this share of its median or more ...
+UNEVEN_FACTOR = 5.0  # ... and this many times the other side's share
+
+
+def uneven_spread(reference: Timing, candidate: Timing) -> str | None:
+    """A note when one side's calls spread round to round far more than the other's: what
+    moves that side (the host and its kernel launches, the machine's load; kernelbench-v0 keeps
+    autograd on in the reference) does not move the other, so pairing cannot cancel it, and the
+    same candidate can be faster or slower against it under another load by more than its
+    interval says. On the H200, 3:28's reference spread 17-20% round to round (its candidate
+    0.2%) and timed 1.47 ms in a busy pipeline, 2.90 ms on a quiet machine."""
+    shares = {
+        side: timing.iqr_ms / timing.median_ms
+        for side, timing in (("reference", reference), ("candidate", candidate))
+        if timing.median_ms > 0
+    }
+    if len(shares) < 2:
+        return None
+    wide = max(shares, key=shares.__getitem__)
+    narrow = "candidate" if wide == "reference" else "reference"
+    if shares[wide] < UNEVEN_SPREAD or shares[wide] < UNEVEN_FACTOR * shares[narrow]:
+        return None
+    return R.reason(
+        R.UNEVEN_SPREAD,
+        f"the {wide}'s calls spread by {shares[wide]:.1%} of their median round to round, the "
+        f"{narrow}'s by {shares[narrow]:.1%}: what moves the {wide} (the host, kernel launches, the "
+        f"machine's load) does not move the {narrow}, so the speedup can differ under another load "
+        "by more than its interval",
+    )
+
+
 def another_pair(answers: Sequence[dict[str, Any]], config: EvalConfig, spent_s: float) -> bool:
     """Whether a candidate timed in `answers` (its process pairs so far, which used `spent_s` of
     timeout_seconds) needs one more pair: always below timing_processes; then, up to
@@ -865,6 +896,9 @@ class Evaluator:
                     speedup = again
                     interval = second.get("speedup_ci")
                     reference, candidate = answer_timings(second, config.keep_samples)
+        if verdict == "correct" and reference and candidate:
+            uneven = uneven_spread(reference, candidate)
+            reasons += [uneven] if uneven else []
         return self._result(
             item,
             lane,

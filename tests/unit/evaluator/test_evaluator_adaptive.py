@@ -12,11 +12,17 @@ from typing import Any
 
 import pytest
 
-from kernelfleet.core.models import EvaluationResult, Task, Verdict
+from kernelfleet.core.models import EvaluationResult, Task, Timing, Verdict
 from kernelfleet.evaluator import EvalConfig, Evaluator
 from kernelfleet.evaluator import _evaluator as evaluator_module
 from kernelfleet.evaluator import reasons as R
-from kernelfleet.evaluator._evaluator import PooledTiming, another_pair, pool_pairs, recheck_of_pairs
+from kernelfleet.evaluator._evaluator import (
+    PooledTiming,
+    another_pair,
+    pool_pairs,
+    recheck_of_pairs,
+    uneven_spread,
+)
 from kernelfleet.evaluator._protocol import Outcome
 from kernelfleet.evaluator._timing import AdaptiveTiming, adaptive_timing, decide, speedup_interval
 from tests.support import evaluator_cases as C
@@ -434,6 +440,30 @@ def test_pairs_that_disagree_are_timed_again_up_to_the_most() -> None:
 def test_a_most_below_the_pairs_always_timed_is_refused_by_name() -> None:
     with pytest.raises(ValueError, match=r"timing_processes_max \(2\) is below timing_processes \(3\)"):
         EvalConfig(timing_processes=3, timing_processes_max=2)
+
+
+def timing(median_ms: float, iqr_share: float) -> Timing:
+    return Timing(
+        median_ms=median_ms,
+        mean_ms=median_ms,
+        min_ms=median_ms,
+        max_ms=median_ms,
+        iqr_ms=median_ms * iqr_share,
+        trials=100,
+    )
+
+
+def test_a_side_that_spreads_far_more_than_the_other_is_named() -> None:
+    """3:28 on the H200: a reference bound by the host spread 19.7% round to round against its
+    candidate's 0.2%, and its speedup moved with the machine's load by more than its interval."""
+    note = uneven_spread(timing(1.47, 0.197), timing(1.144, 0.002))
+    assert note is not None and R.reason_code(note) == R.UNEVEN_SPREAD
+    assert "the reference's calls spread by 19.7%" in note and "the candidate's by 0.2%" in note
+    flipped = uneven_spread(timing(0.052, 0.026), timing(0.05, 0.135))  # 2:82's noisy candidate
+    assert flipped is not None and "the candidate's calls spread by 13.5%" in flipped
+    assert uneven_spread(timing(0.02, 0.037), timing(0.014, 0.057)) is None  # both small, alike
+    assert uneven_spread(timing(90.0, 0.2), timing(22.0, 0.05)) is None  # wide, but not 5x the other's
+    assert uneven_spread(timing(1.0, 0.08), timing(1.0, 0.001)) is None  # 5x, but under 10%
 
 
 def test_a_candidate_whose_pairs_disagree_is_timed_in_more_pairs() -> None:
