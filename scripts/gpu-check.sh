@@ -139,7 +139,12 @@ elif [[ $REWARD == 1 ]]; then
   [[ -n "${PLACEMENT_PROBE:-}" ]] && step placement-probe python3 benchmarks/placement_probe.py \
     --kernels "$KERNELS" --tasks "$PLACEMENT_PROBE" --out "$RESULTS" ${GPU_CHECK_TAG:+--tag "$GPU_CHECK_TAG"} \
     ${PLACEMENT_EXTRA:-}
-  step reward-bench python3 benchmarks/reward_service.py "${REWARD_ARGS[@]}"
+  # HOST_LOAD_PROBE (tasks, e.g. 3:28,3:42): benchmarks/host_load_probe.py first (a reference in one
+  # process, quiet, with the other CPUs busy, quiet again; about 3 s per task and phase).
+  [[ -n "${HOST_LOAD_PROBE:-}" ]] && step host-load-probe python3 benchmarks/host_load_probe.py \
+    --tasks "$HOST_LOAD_PROBE" --out "$RESULTS" ${GPU_CHECK_TAG:+--tag "$GPU_CHECK_TAG"}
+  # REWARD_SKIP=1: the probes above alone.
+  [[ -z "${REWARD_SKIP:-}" ]] && step reward-bench python3 benchmarks/reward_service.py "${REWARD_ARGS[@]}"
 elif [[ $QUICK == 1 ]]; then
   step gpu-tests python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu
 elif [[ $GPUS -ge 2 ]]; then
