@@ -176,7 +176,7 @@ def uneven_spread(reference: Timing, candidate: Timing) -> str | None:
     autograd on in the reference) does not move the other, so pairing cannot cancel it, and the
     same candidate can be faster or slower against it under another load by more than its
     interval says. On the H200, 3:28's reference spread 17-20% round to round (its candidate
-    0.2%) and timed 1.47 ms in a busy pipeline, 2.90 ms on a quiet machine."""
+    0.2%) and timed 1.47 ms in the pipeline, 2.90 ms one evaluation at a time."""
     shares = {
         side: timing.iqr_ms / timing.median_ms
         for side, timing in (("reference", reference), ("candidate", candidate))
