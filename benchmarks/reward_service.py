@@ -11,6 +11,9 @@ pass --kernels or set $KERNELFLEET_CUDA_L1_KERNELS). Three parts, each saved as 
                        in a CPU pool, then one fresh process per candidate on the GPU); its
                        source travels in --kernelbench-src (.kb/src) and is skipped without CUDA;
     one-at-a-time      the Evaluator with lane_slots=1, compile_workers=1, one candidate at a time;
+    before-pipeline    the evaluator as it was before the pipeline (commit 777a4df, exported to
+                       --old-tree, .old), one candidate at a time in a process of its own
+                       (benchmarks/old_evaluator.py): the issue's "today's";
     pipeline           one `evaluate_batch` with the defaults (lane_slots --lane-slots);
     pipeline-shared-lane  as pipeline with EvalConfig(exclusive_timing=False);
     pipeline-no-reuse  as pipeline with EvalConfig(reference_reuse=False), when that field exists.
@@ -85,6 +88,7 @@ from kernelfleet.core.models import EvaluationResult, Task  # noqa: E402
 from kernelfleet.evaluator import EVALUATOR_VERSION, EvalConfig, Evaluator, load_tasks  # noqa: E402
 
 HARNESS = Path(__file__).resolve().parent / "kernelbench_harness.py"
+OLD_RUNNER = Path(__file__).resolve().parent / "old_evaluator.py"
 STAGES = (
     "process_start",
     "cuda_init",
@@ -97,6 +101,7 @@ STAGES = (
     "recheck",
 )
 DEFAULT_MODES = "kernelbench,one-at-a-time,pipeline"
+BASES = ("before-pipeline", "one-at-a-time", "kernelbench")  # what the other modes' rates are set against
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,7 +109,8 @@ class Mode:
     """One way of evaluating the candidates: a name, how it runs, and its EvalConfig settings."""
 
     name: str
-    runner: str  # "kernelbench": their harness; "each": one evaluation at a time; "batch": evaluate_batch
+    runner: str  # "kernelbench": their harness; "old": the evaluator before the pipeline;
+    # "each": one evaluation at a time; "batch": evaluate_batch
     settings: dict[str, Any] = dataclasses.field(default_factory=dict)
     needs_field: str | None = None  # an EvalConfig field the mode needs; skipped with a note without it
     about: str = ""
@@ -119,6 +125,11 @@ MODES: dict[str, Mode] = {
             "each",
             {"lane_slots": 1, "compile_workers": 1},
             about="one candidate at a time, one process, one build worker",
+        ),
+        Mode(
+            "before-pipeline",
+            "old",
+            about="the evaluator before the pipeline (777a4df), one candidate at a time",
         ),
         Mode("pipeline", "batch", about="evaluate_batch with the defaults"),
         Mode(
@@ -515,6 +526,46 @@ def run_kernelbench_mode(
     return out
 
 
+def run_old_mode(
+    workload: list[tuple[Task, str, str]], args: argparse.Namespace, bound: float
+) -> dict[str, Any]:
+    """The evaluator before the pipeline, from --old-tree, in a process of its own (its start, the
+    probe of the device and every build included in the wall time)."""
+    work = Path(tempfile.mkdtemp(prefix="kf-reward-old-"))
+    manifest, results_path = work / "manifest.jsonl", work / "results.jsonl"
+    manifest.write_text("".join(json.dumps({"task": n, "code": code}) + "\n" for _, code, n in workload))
+    old = Path(args.old_tree).resolve()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(old / p) for p in ("core", "evaluator", "search"))}
+    device = "cuda" if args.device.startswith("cuda") else args.device
+    command = [sys.executable, str(OLD_RUNNER), "--manifest", str(manifest), "--results", str(results_path)]
+    command += ["--device", device, "--trials", str(args.trials), "--max-seconds", str(bound)]
+    note = None
+    begin = time.monotonic()
+    with UtilizationSampler() as util:
+        try:
+            done = subprocess.run(command, env=env, timeout=bound + args.task_timeout, check=False)
+            if done.returncode != 0:
+                note = f"the old evaluator exited {done.returncode}"
+        except subprocess.TimeoutExpired:
+            note = f"the old evaluator overran its bound by {args.task_timeout:.0f} s and was killed"
+    wall = time.monotonic() - begin
+    text = results_path.read_text() if results_path.is_file() else ""
+    rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+    shutil.rmtree(work, ignore_errors=True)
+    out: dict[str, Any] = {"settings": {"tree": "777a4df", "timing_trials": args.trials}}
+    out["bound_s"] = round(bound, 1)
+    finish(out, len(rows), len(workload), wall, [float(r["seconds"]) for r in rows])
+    out.update(
+        verdicts=dict(Counter(str(r["verdict"]) for r in rows)),
+        nvidia_smi_mean_utilization_pct=util.mean,
+        nvidia_smi_sm_clock_mhz=util.clock_mhz,
+        rows=rows,
+    )
+    if note:
+        out["note"] = note
+    return out
+
+
 def ratio(numerator: dict[str, Any] | None, denominator: dict[str, Any] | None) -> float | None:
     """The two modes' evaluations per GPU-hour, one over the other."""
     rate = "evaluations_per_gpu_hour"
@@ -554,6 +605,8 @@ def part_throughput(
             skip = f"{name} skipped: no CUDA device (KernelBench's harness asserts CUDA)"
         elif mode.runner == "kernelbench" and not (Path(args.kernelbench_src) / "kernelbench").is_dir():
             skip = f"{name} skipped: no kernelbench package in --kernelbench-src (see kernelbench_harness.py)"
+        elif mode.runner == "old" and not (Path(args.old_tree) / "evaluator" / "kernelfleet").is_dir():
+            skip = f"{name} skipped: no old tree in --old-tree (see benchmarks/old_evaluator.py)"
         if skip or mode is None:
             out["notes"].append(skip)
             print(f"throughput: {skip}", file=sys.stderr)
@@ -562,6 +615,8 @@ def part_throughput(
         print(f"throughput {name}: {len(items)} candidates, bound {bound:.0f} s", file=sys.stderr)
         if mode.runner == "kernelbench":
             row = run_kernelbench_mode(workload, args, bound)
+        elif mode.runner == "old":
+            row = run_old_mode(workload, args, bound)
         else:
             row = run_evaluator_mode(mode, items, args, bound)
         out["modes"][name] = row
@@ -574,8 +629,8 @@ def part_throughput(
         out["ratios"] = {
             f"{m} over {base}": ratio(modes.get(m), modes.get(base))
             for m in modes
-            if m not in ("kernelbench", "one-at-a-time")
-            for base in ("one-at-a-time", "kernelbench")
+            if m not in BASES
+            for base in BASES
             if base in modes
         }
         saved(out)
@@ -1119,6 +1174,11 @@ def main() -> int:
         "--kernelbench-src",
         default=os.environ.get("KERNELBENCH_SRC") or str(ROOT / ".kb" / "src"),
         help="folder holding KernelBench's kernelbench package (not in the repository)",
+    )
+    parser.add_argument(
+        "--old-tree",
+        default=str(ROOT / ".old"),
+        help="the tree of commit 777a4df for the before-pipeline mode (not in the repository)",
     )
     parser.add_argument("--repeat-tasks", type=int, default=40)
     parser.add_argument(

@@ -14,6 +14,8 @@
 #   (benchmarks/kernelbench_harness.py) from .kb/src, an ignored folder carried to the machine
 #   (their source is never committed here); make it with
 #   `mkdir -p .kb && git -C <KernelBench checkout> archive HEAD src/kernelbench LICENSE | tar -x -C .kb`.
+#   Its before-pipeline mode runs the evaluator of commit 777a4df (before the pipeline) from .old,
+#   an ignored folder carried along: `mkdir -p .old && git archive 777a4df | tar -x -C .old`.
 #   GPU_TESTS (pytest node ids) runs those GPU tests first, and CLOCKS_PROBE (a list of the
 #   evaluator's clocks) benchmarks/idle_clock.py --clocks
 #   (with --idle: alone). PLACEMENT_PROBE (a list of tasks, e.g. 2:33,2:22) runs
