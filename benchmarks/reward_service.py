@@ -535,7 +535,11 @@ def run_old_mode(
     manifest, results_path = work / "manifest.jsonl", work / "results.jsonl"
     manifest.write_text("".join(json.dumps({"task": n, "code": code}) + "\n" for _, code, n in workload))
     old = Path(args.old_tree).resolve()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(old / p) for p in ("core", "evaluator", "search"))}
+    # The old tree in place of this one; other entries stay (the GPU machine's carried wheels).
+    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    others = [p for p in inherited if not Path(p).resolve().is_relative_to(ROOT)]
+    paths = [str(old / p) for p in ("core", "evaluator", "search")] + others
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
     device = "cuda" if args.device.startswith("cuda") else args.device
     command = [sys.executable, str(OLD_RUNNER), "--manifest", str(manifest), "--results", str(results_path)]
     command += ["--device", device, "--trials", str(args.trials), "--max-seconds", str(bound)]
