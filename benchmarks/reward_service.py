@@ -599,7 +599,7 @@ def part_throughput(
     }
     end = time.monotonic() + budget
     for position, name in enumerate(names):
-        mode = MODES.get(name)
+        mode = MODES.get(name.split("#")[0])  # "pipeline#2": the same mode again, a row of its own
         skip = None
         if mode is None:
             skip = f"unknown mode {name!r}; modes: {', '.join(MODES)}"
@@ -1172,7 +1172,11 @@ def main() -> int:
     parser.add_argument("--device", default="cuda:0")
     parser.add_argument("--profile", default="kernelbench-v0")
     parser.add_argument("--count", type=int, default=24, help="candidates in the throughput part")
-    parser.add_argument("--modes", default=DEFAULT_MODES, help=f"comma list of: {', '.join(MODES)}")
+    parser.add_argument(
+        "--modes",
+        default=DEFAULT_MODES,
+        help=f"comma list of: {', '.join(MODES)}; NAME#2 runs a mode again (its spread in the same run)",
+    )
     parser.add_argument("--mode-seconds", type=float, default=240.0, help="the most one mode may take")
     parser.add_argument(
         "--kernelbench-src",
@@ -1240,7 +1244,9 @@ def main() -> int:
     json_path = out_dir / f"reward_service-{stamp}{suffix}.json"
     md_path = out_dir / f"reward_service-{stamp}{suffix}.md"
     # No machine paths in the report.
-    arguments = {k: v for k, v in vars(args).items() if k not in ("out", "kernels", "kernelbench_src")}
+    paths = ("out", "kernels", "kernelbench_src", "old_tree")
+    arguments = {k: v for k, v in vars(args).items() if k not in paths}
+    arguments["old_tree_found"] = (Path(args.old_tree) / "evaluator" / "kernelfleet").is_dir()
     arguments["kernelbench_src_found"] = (Path(args.kernelbench_src) / "kernelbench").is_dir()
     report: dict[str, Any] = {"environment": environment(args.device), "arguments": arguments}
     cuda = args.device.startswith("cuda") and report["environment"]["gpu_class"] != "cpu"

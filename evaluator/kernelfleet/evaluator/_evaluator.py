@@ -16,6 +16,7 @@ counts.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -29,7 +30,7 @@ import sys
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
@@ -216,6 +217,23 @@ def another_pair(answers: Sequence[dict[str, Any]], config: EvalConfig, spent_s:
         for reference, candidate in (answer_timings(answer, keep=False) for answer in answers)
     ]
     return max(ratios) / min(ratios) - 1 > config.pair_tolerance
+
+
+def build_cpus(allowed: Sequence[int], timing: Iterable[int]) -> tuple[int, ...]:
+    """The CPUs a build may use: those allowed, less the devices' timing CPUs, so that no compiler
+    preempts a timed call's thread (a host-bound reference moves with what else runs on its CPU).
+    All of them when fewer than two would be left."""
+    kept = set(timing)
+    rest = tuple(cpu for cpu in sorted(allowed) if cpu not in kept)
+    return rest if len(rest) >= 2 else tuple(sorted(allowed))
+
+
+def build_jobs(cores: int, active: int) -> int:
+    """Compile jobs (MAX_JOBS) for a build that starts while `active` builds compile, itself
+    included: the build CPUs shared among them. A fixed share per build worker (cores over
+    workers: one job with the default cores-1 workers) compiled a load_inline extension's two
+    sources, the C++ binding and the .cu, one after the other even on an idle machine."""
+    return max(1, cores // max(1, active))
 
 
 class TaskError(UsageError):
@@ -413,6 +431,7 @@ class Evaluator:
         self._builds: concurrent.futures.ThreadPoolExecutor | None = None
         self._pipeline_lock = threading.Lock()
         self._items: set[_Item] = set()
+        self._active_builds = 0  # builds compiling now (they share the build CPUs)
         self._closed = False
         self._banks: dict[tuple[str, ...], list[float]] = {}
         self._banks_lock = threading.Lock()
@@ -924,26 +943,33 @@ class Evaluator:
         """Compile a C++/CUDA candidate on the CPU side, walled in like any candidate but able to
         write its own build directory; a result only when it fails. The limit is CPU time (the
         build's own, compilers included), with a wall-time ceiling of three times that for a
-        build that waits on something other than the CPU."""
+        build that waits on something other than the CPU. Builds keep off the devices' timing
+        CPUs and share the others (build_cpus, build_jobs)."""
         config = item.config
         build_dir = self._build_dir(item.code, lane)
         build_dir.mkdir(parents=True, exist_ok=True)
-        cores = os.cpu_count() or 2
-        jobs = max(1, cores // max(1, self._compile_workers()))
-        env = {**self._env(item.code, lane), "MAX_JOBS": os.environ.get("MAX_JOBS", str(jobs))}
-        sides = self._sides(config, lane, env)
-        walls = dataclasses.replace(sides.candidate, write=(str(build_dir),))
-        evaluation = Evaluation(
-            self._sandbox(),
-            sides,
-            config,
-            item.task.code,
-            item.code,
-            0,
-            timeout=3 * config.compile_timeout_s,
-            cancel=item.cancel,
-        )
-        outcome = evaluation.build(walls, config.compile_timeout_s)
+        sides = self._sides(config, lane, self._env(item.code, lane))
+        cpus = sides.candidate.cpus
+        lanes = self._probe_lanes()
+        timing = [other.timing_cpu(config) for other in lanes if self._pins_timing(config, other)]
+        if timing:
+            cpus = build_cpus(cpus or tuple(sorted(os.sched_getaffinity(0))), timing)
+        with self._building() as active:
+            jobs = build_jobs(len(cpus) or os.cpu_count() or 2, active)
+            env = {**sides.env, "MAX_JOBS": os.environ.get("MAX_JOBS", str(jobs))}
+            sides = dataclasses.replace(sides, env=env)
+            walls = dataclasses.replace(sides.candidate, write=(str(build_dir),), cpus=cpus)
+            evaluation = Evaluation(
+                self._sandbox(),
+                sides,
+                config,
+                item.task.code,
+                item.code,
+                0,
+                timeout=3 * config.compile_timeout_s,
+                cancel=item.cancel,
+            )
+            outcome = evaluation.build(walls, config.compile_timeout_s)
         item.stages["build"] = outcome.seconds
         answer = outcome.answer
         if answer is None:
@@ -965,6 +991,18 @@ class Evaluator:
             log=outcome.log,
             isolation=outcome.isolation,
         )
+
+    @contextlib.contextmanager
+    def _building(self) -> Iterator[int]:
+        """Counts a build while it compiles; yields how many compile now, this one included."""
+        with self._pipeline_lock:
+            self._active_builds += 1
+            active = self._active_builds
+        try:
+            yield active
+        finally:
+            with self._pipeline_lock:
+                self._active_builds -= 1
 
     def _compile_workers(self) -> int:
         if self.config.compile_workers is not None:
