@@ -219,15 +219,6 @@ def another_pair(answers: Sequence[dict[str, Any]], config: EvalConfig, spent_s:
     return max(ratios) / min(ratios) - 1 > config.pair_tolerance
 
 
-def build_cpus(allowed: Sequence[int], timing: Iterable[int]) -> tuple[int, ...]:
-    """The CPUs a build may use: those allowed, less the devices' timing CPUs, so that no compiler
-    preempts a timed call's thread (a host-bound reference moves with what else runs on its CPU).
-    All of them when fewer than two would be left."""
-    kept = set(timing)
-    rest = tuple(cpu for cpu in sorted(allowed) if cpu not in kept)
-    return rest if len(rest) >= 2 else tuple(sorted(allowed))
-
-
 def build_jobs(cores: int, active: int) -> int:
     """Compile jobs (MAX_JOBS) for a build that starts while `active` builds compile, itself
     included: the build CPUs shared among them. A fixed share per build worker (cores over
@@ -943,22 +934,16 @@ class Evaluator:
         """Compile a C++/CUDA candidate on the CPU side, walled in like any candidate but able to
         write its own build directory; a result only when it fails. The limit is CPU time (the
         build's own, compilers included), with a wall-time ceiling of three times that for a
-        build that waits on something other than the CPU. Builds keep off the devices' timing
-        CPUs and share the others (build_cpus, build_jobs)."""
+        build that waits on something other than the CPU. Builds share the CPUs (build_jobs)."""
         config = item.config
         build_dir = self._build_dir(item.code, lane)
         build_dir.mkdir(parents=True, exist_ok=True)
         sides = self._sides(config, lane, self._env(item.code, lane))
-        cpus = sides.candidate.cpus
-        lanes = self._probe_lanes()
-        timing = [other.timing_cpu(config) for other in lanes if self._pins_timing(config, other)]
-        if timing:
-            cpus = build_cpus(cpus or tuple(sorted(os.sched_getaffinity(0))), timing)
         with self._building() as active:
-            jobs = build_jobs(len(cpus) or os.cpu_count() or 2, active)
+            jobs = build_jobs(len(sides.candidate.cpus) or len(os.sched_getaffinity(0)), active)
             env = {**sides.env, "MAX_JOBS": os.environ.get("MAX_JOBS", str(jobs))}
             sides = dataclasses.replace(sides, env=env)
-            walls = dataclasses.replace(sides.candidate, write=(str(build_dir),), cpus=cpus)
+            walls = dataclasses.replace(sides.candidate, write=(str(build_dir),))
             evaluation = Evaluation(
                 self._sandbox(),
                 sides,

@@ -17,7 +17,7 @@ import pytest
 from kernelfleet.core.models import EvaluationResult, ResultKey, Task, Verdict
 from kernelfleet.evaluator import DirectoryResultCache, EvalConfig, Evaluator
 from kernelfleet.evaluator import reasons as R
-from kernelfleet.evaluator._evaluator import build_cpus, build_jobs
+from kernelfleet.evaluator._evaluator import build_jobs
 from kernelfleet.evaluator._protocol import BUILD_NICENESS
 from tests.support import evaluator_cases as C
 
@@ -268,16 +268,13 @@ def test_baselines_on_the_cpu() -> None:
         assert evaluator.baselines(MATMUL).keys() == {"eager"}
 
 
-def test_build_cpus_keep_off_the_timing_cpus_and_share_the_rest() -> None:
-    assert build_cpus(range(16), [15]) == tuple(range(15))
-    assert build_cpus(range(16), [15, 14]) == tuple(range(14))
-    assert build_cpus([0, 1], [1]) == (0, 1)  # one CPU left is too few: all of them
+def test_builds_compiling_at_once_share_the_cpus() -> None:
     assert build_jobs(15, 1) == 15  # alone: every build CPU (ninja starts one job per source)
     assert build_jobs(15, 6) == 2  # a load_inline extension's two sources compile side by side
     assert build_jobs(15, 40) == 1
 
 
-RECORDS_ITS_BUILD = '''
+RECORDS_ITS_BUILD = """
 import os
 import torch
 import torch.nn as nn
@@ -293,20 +290,15 @@ class ModelNew(nn.Module):
 
     def forward(self, A, B):
         return torch.relu(torch.mm(A, B))
-'''
+"""
 
 
-def test_a_build_runs_off_the_timing_cpu_with_its_share_of_compile_jobs(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """What the build process itself sees: the CPUs of build_cpus (the timing CPU left out
-    where enough remain) and MAX_JOBS of build_jobs for a build alone."""
+def test_a_build_alone_may_use_every_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the build process itself sees: every CPU, and MAX_JOBS of build_jobs for a build alone."""
     monkeypatch.delenv("MAX_JOBS", raising=False)
-    config = EvalConfig(**FAST, cpu_threads=1, cache_dir=str(tmp_path))  # one thread: timing is pinned
-    with Evaluator(config) as evaluator:
+    with Evaluator(EvalConfig(**FAST, cache_dir=str(tmp_path))) as evaluator:
         result = evaluator.evaluate(MATMUL, RECORDS_ITS_BUILD)
     assert result.verdict == Verdict.CORRECT, (result.reasons, result.log)
-    allowed = sorted(os.sched_getaffinity(0))
-    cpus = build_cpus(allowed, [allowed[-1]])
+    cpus = sorted(os.sched_getaffinity(0))
     build_line = next(tmp_path.rglob("seen.txt")).read_text().splitlines()[0]
-    assert build_line == f"{list(cpus)};{build_jobs(len(cpus), 1)}"
+    assert build_line == f"{cpus};{build_jobs(len(cpus), 1)}"
