@@ -275,7 +275,10 @@ def inputs_equal(a: Any, b: Any) -> list[int]:
             if x.shape != y.shape or x.dtype != y.dtype:
                 changed.append(index)
             elif x.is_floating_point() or x.is_complex():
-                if not bool(allclose(x, y, rtol=0.0, atol=0.0, equal_nan=True)):
+                # Bitwise equal is the common case and a plain comparison; only inputs that differ
+                # somewhere (or hold NaNs, which never equal themselves) take the NaN-aware check.
+                same = bool(tensor_equal(x, y))
+                if not same and not bool(allclose(x, y, rtol=0.0, atol=0.0, equal_nan=True)):
                     changed.append(index)
             elif not bool(tensor_equal(x, y)):
                 changed.append(index)

@@ -212,7 +212,7 @@ def write_tree(path: str, value: Any) -> None:
     """Write `value` (tensors, numbers, None, strings, in lists, tuples and dicts) to `path`."""
     import torch
 
-    blobs: list[bytes] = []
+    blobs: list[Any] = []  # bytes, or a tensor's bytes as a numpy array
     offset = 0
 
     def node(item: Any, depth: int) -> Any:
@@ -225,21 +225,23 @@ def write_tree(path: str, value: Any) -> None:
             if type(tensor) not in (torch.Tensor, torch.nn.Parameter):
                 tensor = torch.Tensor._make_subclass(torch.Tensor, tensor)
             data = tensor.contiguous().cpu()
-            raw = data.view(torch.uint8).numpy().tobytes() if data.numel() else b""
+            # The tensor's own bytes, written as they are: no copy of a large output into bytes.
+            raw: Any = data.reshape(-1).view(torch.uint8).numpy() if data.numel() else b""
+            size = len(raw) if isinstance(raw, bytes) else int(raw.nbytes)
             dtype = str(data.dtype).removeprefix("torch.")
             entry = {
                 "t": "tensor",
                 "dtype": dtype,
                 "shape": list(data.shape),
                 "offset": offset,
-                "nbytes": len(raw),
+                "nbytes": size,
                 "device": device,
             }
             blobs.append(raw)
-            pad = (-len(raw)) % _ALIGN
+            pad = (-size) % _ALIGN
             if pad:
                 blobs.append(b"\0" * pad)
-            offset += len(raw) + pad
+            offset += size + pad
             return entry
         if isinstance(item, bool):
             return {"t": "bool", "v": item}
@@ -292,33 +294,61 @@ def read_tree(path: str, limit_bytes: int, device: Any = None) -> tuple[Any, lis
     (MalformedTensors)."""
     import stat
 
-    import torch
-
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         raise MalformedTensors("the file was not written") from None
     except OSError as error:
         raise MalformedTensors(f"cannot open it: {error.strerror}") from None
-    with os.fdopen(fd, "rb") as handle:
+    with os.fdopen(fd, "rb", buffering=0) as handle:
         info = os.fstat(handle.fileno())
         if not stat.S_ISREG(info.st_mode):
             raise MalformedTensors("not a regular file")
         if info.st_size > limit_bytes:
             raise MalformedTensors(f"{info.st_size} bytes, more than the {limit_bytes} it may have")
-        data = handle.read(min(limit_bytes, info.st_size) + 1)
-    if len(data) > limit_bytes:
-        raise MalformedTensors(f"more than the {limit_bytes} bytes it may have")
-    if data[:4] != _MAGIC or len(data) < 8:
+        value, devices = _read_tensors(handle, info.st_size, device)
+    return value, devices
+
+
+def _size(value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise MalformedTensors("offset and size must be non-negative integers")
+    return value
+
+
+def _read_exactly(handle: Any, position: int, into: Any) -> None:
+    """Fill `into` from `position` of the file, or MalformedTensors: the file is the other side's,
+    and it may shrink or change while it is read; its structure was checked against the header
+    read once, and its bytes are data."""
+    view = memoryview(into).cast("B")
+    done = 0
+    while done < len(view):
+        count = os.preadv(handle.fileno(), [view[done:]], position + done)
+        if count <= 0:
+            raise MalformedTensors("the file ended before the data its header describes")
+        done += count
+
+
+def _read_tensors(handle: Any, file_size: int, device: Any) -> tuple[Any, list[str]]:
+    """The value of a tensor file: its header read and checked once, then each tensor read
+    straight into its own memory (one copy, not the file into bytes and each tensor out of them)."""
+    import torch
+
+    lead = bytearray(min(8, file_size))
+    _read_exactly(handle, 0, lead)
+    if bytes(lead[:4]) != _MAGIC or len(lead) < 8:
         raise MalformedTensors("not a tensor file")
-    (header_size,) = struct.unpack(">I", data[4:8])
-    if 8 + header_size > len(data):
+    (header_size,) = struct.unpack(">I", bytes(lead[4:8]))
+    if 8 + header_size > file_size:
         raise MalformedTensors("the header runs past the end of the file")
+    header = bytearray(header_size)
+    _read_exactly(handle, 8, header)
     try:
-        tree = json.loads(data[8 : 8 + header_size].decode("utf-8"))
+        tree = json.loads(header.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise MalformedTensors(f"the header is not JSON: {error}") from None
-    body = memoryview(data)[_align(8 + header_size) :]
+    start = _align(8 + header_size)
+    body_size = max(0, file_size - start)
     count = 0
     devices: list[str] = []
 
@@ -333,7 +363,7 @@ def read_tree(path: str, limit_bytes: int, device: Any = None) -> tuple[Any, lis
         if kind == "tensor":
             dtype_name = item.get("dtype")
             shape = item.get("shape")
-            offset, nbytes = item.get("offset"), item.get("nbytes")
+            offset, nbytes = _size(item.get("offset")), _size(item.get("nbytes"))
             if dtype_name not in DTYPES:
                 raise MalformedTensors(f"dtype {dtype_name!r} is not one a tensor may have here")
             if (
@@ -342,19 +372,18 @@ def read_tree(path: str, limit_bytes: int, device: Any = None) -> tuple[Any, lis
                 or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape)
             ):
                 raise MalformedTensors(f"shape {shape!r} is not a list of sizes")
-            if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (offset, nbytes)):
-                raise MalformedTensors("offset and size must be non-negative integers")
             dtype = getattr(torch, dtype_name)
             numel = math.prod(shape)
             expected = numel * torch.empty((), dtype=dtype).element_size()
-            if expected != nbytes or offset + nbytes > len(body):
+            if expected != nbytes or offset + nbytes > body_size:
                 raise MalformedTensors(
                     f"a {dtype_name} tensor of shape {shape} needs {expected} bytes; the file gives {nbytes} "
-                    f"at {offset} of {len(body)}"
+                    f"at {offset} of {body_size}"
                 )
-            raw = bytearray(body[offset : offset + nbytes])
             if numel:
-                tensor = torch.frombuffer(raw, dtype=torch.uint8).view(dtype).reshape(shape)
+                raw = torch.empty(nbytes, dtype=torch.uint8)
+                _read_exactly(handle, start + offset, raw.numpy())
+                tensor = raw.view(dtype).reshape(shape)
             else:
                 tensor = torch.empty(shape, dtype=dtype)
             devices.append(str(item.get("device", "cpu")))

@@ -30,15 +30,23 @@ def test_outputs_cross_as_checked_bytes(tmp_path: Path) -> None:
         [torch.arange(6, dtype=torch.int64).reshape(2, 3), torch.ones(2, dtype=torch.bfloat16)],
         {"z": z, "n": 3, "x": float("nan"), "none": None},
         torch.zeros(0, 5),
+        torch.tensor(2.5),  # a loss: a 0-dim output
+        torch.arange(12.0).reshape(3, 4).t(),  # not contiguous
     )
     path = tmp_path / "out"
     write_tree(str(path), value)
     back, devices = read_tree(str(path), LIMIT)
-    assert devices == ["cpu"] * 5
+    assert devices == ["cpu"] * 7
     assert torch.equal(back[0], value[0]) and torch.equal(back[1][0], value[1][0])
     assert torch.equal(back[1][1], value[1][1]) and back[1][1].dtype == torch.bfloat16
     assert torch.equal(back[2]["z"], z) and back[2]["n"] == 3 and back[2]["none"] is None
     assert back[3].shape == (0, 5)
+    assert back[4].shape == () and float(back[4]) == 2.5
+    assert torch.equal(back[5], value[5])
+    # Each tensor has memory of its own: the file and the other tensors stay as they were.
+    back[0].zero_()
+    again, _ = read_tree(str(path), LIMIT)
+    assert torch.equal(again[0], value[0]) and torch.equal(back[1][0], value[1][0])
 
 
 def test_a_file_is_written_only_where_nothing_was(tmp_path: Path) -> None:
