@@ -785,3 +785,39 @@ class ModelNew(nn.Module):
             time.sleep({seconds})
         return torch.relu(A @ B)
 """
+
+
+# A loss: its output is a 0-dim tensor (KernelBench 1:94-1:100).
+LOSS_TASK = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, predictions, targets):
+        return torch.mean((predictions - targets) ** 2)
+
+
+def get_inputs():
+    return [torch.randn(64, 32), torch.randn(64, 32)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+LOSS_CANDIDATE = """
+import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, predictions, targets):
+        return torch.nn.functional.mse_loss(predictions, targets)
+"""

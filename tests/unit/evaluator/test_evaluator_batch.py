@@ -304,44 +304,9 @@ def test_a_build_alone_may_use_every_cpu(tmp_path: Path, monkeypatch: pytest.Mon
     assert build_line == f"{cpus};{build_jobs(len(cpus), 1)}"
 
 
-LOSS_TASK = '''
-import torch
-import torch.nn as nn
-
-
-class Model(nn.Module):
-    def __init__(self):
-        super().__init__()
-
-    def forward(self, predictions, targets):
-        return torch.mean((predictions - targets) ** 2)
-
-
-def get_inputs():
-    return [torch.randn(64, 32), torch.randn(64, 32)]
-
-
-def get_init_inputs():
-    return []
-'''
-
-LOSS_CANDIDATE = '''
-import torch
-import torch.nn as nn
-
-
-class ModelNew(nn.Module):
-    def __init__(self):
-        super().__init__()
-
-    def forward(self, predictions, targets):
-        return torch.nn.functional.mse_loss(predictions, targets)
-'''
-
-
 def test_a_loss_a_0_dim_output_is_judged_like_any_other() -> None:
     """KernelBench's loss tasks (1:94-1:100) return a 0-dim tensor; until 0.8.2 its exchange
     file could not be written, and every such candidate came out `harness-broken`."""
     with Evaluator(EvalConfig(**FAST)) as evaluator:
-        result = evaluator.evaluate(Task(name="mse", code=LOSS_TASK), LOSS_CANDIDATE)
+        result = evaluator.evaluate(Task(name="mse", code=C.LOSS_TASK), C.LOSS_CANDIDATE)
     assert result.verdict == Verdict.CORRECT, (result.reasons, result.log)
