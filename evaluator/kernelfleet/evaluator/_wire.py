@@ -212,7 +212,7 @@ def write_tree(path: str, value: Any) -> None:
     """Write `value` (tensors, numbers, None, strings, in lists, tuples and dicts) to `path`."""
     import torch
 
-    blobs: list[Any] = []  # bytes, or a tensor's bytes as a numpy array
+    blobs: list[Any] = []  # tensors' bytes (numpy arrays) and padding
     offset = 0
 
     def node(item: Any, depth: int) -> Any:
@@ -226,8 +226,8 @@ def write_tree(path: str, value: Any) -> None:
                 tensor = torch.Tensor._make_subclass(torch.Tensor, tensor)
             data = tensor.contiguous().cpu()
             # The tensor's own bytes, written as they are: no copy of a large output into bytes.
-            raw: Any = data.reshape(-1).view(torch.uint8).numpy() if data.numel() else b""
-            size = len(raw) if isinstance(raw, bytes) else int(raw.nbytes)
+            raw = data.reshape(-1).view(torch.uint8).numpy()
+            size = int(raw.nbytes)
             dtype = str(data.dtype).removeprefix("torch.")
             entry = {
                 "t": "tensor",
@@ -300,14 +300,15 @@ def read_tree(path: str, limit_bytes: int, device: Any = None) -> tuple[Any, lis
         raise MalformedTensors("the file was not written") from None
     except OSError as error:
         raise MalformedTensors(f"cannot open it: {error.strerror}") from None
-    with os.fdopen(fd, "rb", buffering=0) as handle:
-        info = os.fstat(handle.fileno())
+    try:
+        info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise MalformedTensors("not a regular file")
         if info.st_size > limit_bytes:
             raise MalformedTensors(f"{info.st_size} bytes, more than the {limit_bytes} it may have")
-        value, devices = _read_tensors(handle, info.st_size, device)
-    return value, devices
+        return _read_tensors(fd, info.st_size, device)
+    finally:
+        os.close(fd)
 
 
 def _size(value: Any) -> int:
@@ -316,33 +317,33 @@ def _size(value: Any) -> int:
     return value
 
 
-def _read_exactly(handle: Any, position: int, into: Any) -> None:
+def _read_exactly(fd: int, position: int, into: Any) -> None:
     """Fill `into` from `position` of the file, or MalformedTensors: the file is the other side's,
     and it may shrink or change while it is read; its structure was checked against the header
     read once, and its bytes are data."""
     view = memoryview(into).cast("B")
     done = 0
     while done < len(view):
-        count = os.preadv(handle.fileno(), [view[done:]], position + done)
+        count = os.preadv(fd, [view[done:]], position + done)
         if count <= 0:
             raise MalformedTensors("the file ended before the data its header describes")
         done += count
 
 
-def _read_tensors(handle: Any, file_size: int, device: Any) -> tuple[Any, list[str]]:
+def _read_tensors(fd: int, file_size: int, device: Any) -> tuple[Any, list[str]]:
     """The value of a tensor file: its header read and checked once, then each tensor read
     straight into its own memory (one copy, not the file into bytes and each tensor out of them)."""
     import torch
 
     lead = bytearray(min(8, file_size))
-    _read_exactly(handle, 0, lead)
+    _read_exactly(fd, 0, lead)
     if bytes(lead[:4]) != _MAGIC or len(lead) < 8:
         raise MalformedTensors("not a tensor file")
     (header_size,) = struct.unpack(">I", bytes(lead[4:8]))
     if 8 + header_size > file_size:
         raise MalformedTensors("the header runs past the end of the file")
     header = bytearray(header_size)
-    _read_exactly(handle, 8, header)
+    _read_exactly(fd, 8, header)
     try:
         tree = json.loads(header.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
@@ -382,7 +383,7 @@ def _read_tensors(handle: Any, file_size: int, device: Any) -> tuple[Any, list[s
                 )
             if numel:
                 raw = torch.empty(nbytes, dtype=torch.uint8)
-                _read_exactly(handle, start + offset, raw.numpy())
+                _read_exactly(fd, start + offset, raw.numpy())
                 tensor = raw.view(dtype).reshape(shape)
             else:
                 tensor = torch.empty(shape, dtype=dtype)

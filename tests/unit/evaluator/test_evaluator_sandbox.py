@@ -18,7 +18,7 @@ from kernelfleet.evaluator._confine import seccomp_program
 from kernelfleet.evaluator._environment import local_cpus
 from kernelfleet.evaluator._evaluator import _Lane
 from kernelfleet.evaluator._protocol import clock_mismatch
-from kernelfleet.evaluator._wire import MalformedTensors, read_tree, write_tree
+from kernelfleet.evaluator._wire import MalformedTensors, _read_tensors, read_tree, write_tree
 
 LIMIT = 1 << 24
 
@@ -83,6 +83,21 @@ def test_a_file_that_lies_about_itself_is_refused(tmp_path: Path, make: str) -> 
         path.write_bytes(data[: len(data) // 2])
     with pytest.raises(MalformedTensors):
         read_tree(str(path), LIMIT)
+
+
+def test_a_file_that_shrinks_while_it_is_read_is_refused(tmp_path: Path) -> None:
+    """The other side may cut its file after the header was checked against its size: the
+    tensor's read comes up short and is refused, never padded with whatever memory held."""
+    path = tmp_path / "out"
+    write_tree(str(path), torch.ones(64, 64))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        os.truncate(path, size // 2)  # after the size was read, before the data
+        with pytest.raises(MalformedTensors, match="ended before"):
+            _read_tensors(fd, size, None)
+    finally:
+        os.close(fd)
 
 
 def test_the_sandbox_environment_holds_no_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
