@@ -16,7 +16,6 @@ counts.
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -30,7 +29,7 @@ import sys
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
@@ -219,12 +218,14 @@ def another_pair(answers: Sequence[dict[str, Any]], config: EvalConfig, spent_s:
     return max(ratios) / min(ratios) - 1 > config.pair_tolerance
 
 
-def build_jobs(cores: int, active: int) -> int:
-    """Compile jobs (MAX_JOBS) for a build that starts while `active` builds compile, itself
-    included: the build CPUs shared among them. A fixed share per build worker (cores over
-    workers: one job with the default cores-1 workers) compiled a load_inline extension's two
-    sources, the C++ binding and the .cu, one after the other even on an idle machine."""
-    return max(1, cores // max(1, active))
+def build_jobs(cores: int, workers: int) -> int:
+    """Compile jobs (MAX_JOBS, ninja's -j) for each of `workers` build processes: the build CPUs
+    split evenly among them, so that a full pool never runs more compilers than there are CPUs.
+    Shares taken from the builds compiling at the moment (a build alone got every CPU, so a
+    load_inline extension's two sources compiled side by side) made the pipeline take at least
+    1.6x as long on the same 16 published kernels (2026-12-05, docs/evaluator.md). MAX_JOBS in
+    the environment overrides it."""
+    return max(1, cores // max(1, workers))
 
 
 class TaskError(UsageError):
@@ -422,7 +423,6 @@ class Evaluator:
         self._builds: concurrent.futures.ThreadPoolExecutor | None = None
         self._pipeline_lock = threading.Lock()
         self._items: set[_Item] = set()
-        self._active_builds = 0  # builds compiling now (they share the build CPUs)
         self._closed = False
         self._banks: dict[tuple[str, ...], list[float]] = {}
         self._banks_lock = threading.Lock()
@@ -934,27 +934,27 @@ class Evaluator:
         """Compile a C++/CUDA candidate on the CPU side, walled in like any candidate but able to
         write its own build directory; a result only when it fails. The limit is CPU time (the
         build's own, compilers included), with a wall-time ceiling of three times that for a
-        build that waits on something other than the CPU. Builds share the CPUs (build_jobs)."""
+        build that waits on something other than the CPU. Each build worker compiles with its
+        fixed share of the CPUs (build_jobs)."""
         config = item.config
         build_dir = self._build_dir(item.code, lane)
         build_dir.mkdir(parents=True, exist_ok=True)
         sides = self._sides(config, lane, self._env(item.code, lane))
-        with self._building() as active:
-            jobs = build_jobs(len(sides.candidate.cpus) or len(os.sched_getaffinity(0)), active)
-            env = {**sides.env, "MAX_JOBS": os.environ.get("MAX_JOBS", str(jobs))}
-            sides = dataclasses.replace(sides, env=env)
-            walls = dataclasses.replace(sides.candidate, write=(str(build_dir),))
-            evaluation = Evaluation(
-                self._sandbox(),
-                sides,
-                config,
-                item.task.code,
-                item.code,
-                0,
-                timeout=3 * config.compile_timeout_s,
-                cancel=item.cancel,
-            )
-            outcome = evaluation.build(walls, config.compile_timeout_s)
+        jobs = build_jobs(len(sides.candidate.cpus) or len(os.sched_getaffinity(0)), self._compile_workers())
+        env = {**sides.env, "MAX_JOBS": os.environ.get("MAX_JOBS", str(jobs))}
+        sides = dataclasses.replace(sides, env=env)
+        walls = dataclasses.replace(sides.candidate, write=(str(build_dir),))
+        evaluation = Evaluation(
+            self._sandbox(),
+            sides,
+            config,
+            item.task.code,
+            item.code,
+            0,
+            timeout=3 * config.compile_timeout_s,
+            cancel=item.cancel,
+        )
+        outcome = evaluation.build(walls, config.compile_timeout_s)
         item.stages["build"] = outcome.seconds
         answer = outcome.answer
         if answer is None:
@@ -976,18 +976,6 @@ class Evaluator:
             log=outcome.log,
             isolation=outcome.isolation,
         )
-
-    @contextlib.contextmanager
-    def _building(self) -> Iterator[int]:
-        """Counts a build while it compiles; yields how many compile now, this one included."""
-        with self._pipeline_lock:
-            self._active_builds += 1
-            active = self._active_builds
-        try:
-            yield active
-        finally:
-            with self._pipeline_lock:
-                self._active_builds -= 1
 
     def _compile_workers(self) -> int:
         if self.config.compile_workers is not None:

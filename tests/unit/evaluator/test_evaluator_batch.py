@@ -268,10 +268,13 @@ def test_baselines_on_the_cpu() -> None:
         assert evaluator.baselines(MATMUL).keys() == {"eager"}
 
 
-def test_builds_compiling_at_once_share_the_cpus() -> None:
-    assert build_jobs(15, 1) == 15  # alone: every build CPU (ninja starts one job per source)
-    assert build_jobs(15, 6) == 2  # a load_inline extension's two sources compile side by side
-    assert build_jobs(15, 40) == 1
+def test_a_full_build_pool_never_starts_more_compilers_than_cpus() -> None:
+    for cores in (1, 2, 15, 16, 64):
+        for workers in (1, 2, 6, 15, 40):
+            assert build_jobs(cores, workers) >= 1
+            assert workers * build_jobs(cores, workers) <= max(cores, workers)
+    assert build_jobs(16, 1) == 16  # the one build worker of one-at-a-time compiles on every CPU
+    assert build_jobs(16, 15) == 1  # the default cores-1 workers: one job each
 
 
 RECORDS_ITS_BUILD = """
@@ -293,15 +296,23 @@ class ModelNew(nn.Module):
 """
 
 
-def test_a_build_alone_may_use_every_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """What the build process itself sees: every CPU, and MAX_JOBS of build_jobs for a build alone."""
-    monkeypatch.delenv("MAX_JOBS", raising=False)
-    with Evaluator(EvalConfig(**FAST, cache_dir=str(tmp_path))) as evaluator:
+@pytest.mark.parametrize(("workers", "max_jobs"), [(1, None), (3, None), (3, "7")])
+def test_a_build_sees_every_cpu_and_its_share_of_jobs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: int, max_jobs: str | None
+) -> None:
+    """What the build process itself sees: every CPU, and MAX_JOBS of its worker's share unless
+    the user set MAX_JOBS."""
+    if max_jobs is None:
+        monkeypatch.delenv("MAX_JOBS", raising=False)
+    else:
+        monkeypatch.setenv("MAX_JOBS", max_jobs)
+    config = EvalConfig(**FAST, cache_dir=str(tmp_path), compile_workers=workers)
+    with Evaluator(config) as evaluator:
         result = evaluator.evaluate(MATMUL, RECORDS_ITS_BUILD)
     assert result.verdict == Verdict.CORRECT, (result.reasons, result.log)
     cpus = sorted(os.sched_getaffinity(0))
     build_line = next(tmp_path.rglob("seen.txt")).read_text().splitlines()[0]
-    assert build_line == f"{cpus};{build_jobs(len(cpus), 1)}"
+    assert build_line == f"{cpus};{max_jobs or build_jobs(len(cpus), workers)}"
 
 
 def test_a_loss_a_0_dim_output_is_judged_like_any_other() -> None:
