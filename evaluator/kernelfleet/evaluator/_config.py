@@ -287,7 +287,11 @@ class EvalConfig(EvaluationSettings):
     flush_bytes: int | None = Field(
         default=None, description="Cache flush before each timed call; None: 256 MiB CUDA, 8 MiB CPU."
     )
-    compile_workers: int | None = Field(default=None, description="CPU build processes; None: cores-1.")
+    compile_workers: int | None = Field(
+        default=None,
+        description="CPU build processes, each compiling with cores // compile_workers jobs "
+        "(MAX_JOBS in the environment overrides it); None: cores-1.",
+    )
     cache_dir: str | None = Field(default=None, description="Build cache; None: default_cache_dir().")
     cpu_threads: int | None = Field(
         default=1,
