@@ -34,9 +34,11 @@ import argparse
 import datetime as dt
 import json
 import math
+import os
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +60,9 @@ torch.backends.cudnn.benchmark = spec["cudnn_benchmark"]
 dev = torch.device(spec["device"])
 cuda = dev.type == "cuda"
 size = (256 if cuda else 8) * 1024**2
-flush = torch.empty(size, dtype=torch.uint8, device=dev)
+began = time.perf_counter()
+flush = torch.empty(size, dtype=torch.uint8, device=dev)  # the CUDA context is made here
+context_s = time.perf_counter() - began
 pool = torch.empty(2 * size, dtype=torch.uint8, device=dev) if "spread" in spec["flushes"] else None
 sink = torch.zeros((), dtype=torch.int64, device=dev)
 rng = random.Random()
@@ -187,7 +191,8 @@ for i in order:
         out[subjects[i]["label"]] = probe(subjects[i])
     except Exception as error:  # one subject that cannot be copied (say, it holds a CUDA graph)
         out[subjects[i]["label"]] = {"error": repr(error)[:300]}
-print(json.dumps({"reps": reps, "cudnn": torch.backends.cudnn.version(), "torch": torch.__version__,
+print(json.dumps({"reps": reps, "context_s": round(context_s, 3), "cudnn": torch.backends.cudnn.version(),
+                  "torch": torch.__version__,
                   "gpu": torch.cuda.get_device_name(dev) if cuda else "cpu", "subjects": out}))
 """
 
@@ -223,7 +228,7 @@ def subjects_for(kernels: Path, tasks: list[str]) -> list[dict[str, str]]:
     return chosen
 
 
-def run_child(spec: dict[str, Any]) -> dict[str, Any]:
+def run_child(spec: dict[str, Any], env: dict[str, str] | None = None) -> dict[str, Any]:
     done = subprocess.run(
         [sys.executable, "-c", _CHILD],
         input=json.dumps(spec),
@@ -231,6 +236,7 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
         text=True,
         timeout=300,
         check=False,
+        env={**os.environ, **(env or {})},
     )
     if done.returncode != 0:
         return {"error": done.stderr[-600:]}
@@ -264,6 +270,30 @@ def summarise(processes: list[dict[str, Any]], labels: list[str], flushes: list[
                 }
             )
     return rows
+
+
+def parse_envs(text: str) -> list[tuple[str, dict[str, str]]]:
+    """--envs as (name, settings) pairs; none given: one arm, the inherited environment."""
+    arms = []
+    for part in (p.strip() for p in text.split(";") if p.strip()):
+        name, _, pairs = part.partition(":")
+        settings = dict(pair.split("=", 1) for pair in pairs.split(",") if "=" in pair)
+        if not name or not settings:
+            raise SystemExit(
+                f"--envs {part!r}: write NAME:KEY=VALUE[,KEY=VALUE], e.g. eager:CUDA_MODULE_LOADING=EAGER"
+            )
+        arms.append((name, settings))
+    return arms or [("inherited", {})]
+
+
+def process_costs(chosen: list[dict[str, Any]]) -> dict[str, float | None]:
+    """What one setting costs a process: its CUDA context's creation and its whole life (medians)."""
+    contexts = [p["context_s"] for p in chosen if "context_s" in p]
+    lives = [p["process_s"] for p in chosen if "process_s" in p]
+    return {
+        "context_s": round(statistics.median(contexts), 3) if contexts else None,
+        "process_s": round(statistics.median(lives), 2) if lives else None,
+    }
 
 
 def relative_sd(values: list[float]) -> float | None:
@@ -364,14 +394,15 @@ def markdown(report: dict[str, Any]) -> str:
         f"{report['copies']} copies each in new memory, {report['rounds']} rounds per copy and flush, "
         "interleaved. Spreads are max/min - 1; sd is the standard deviation over processes over the mean.",
         "",
-        "| subject | cudnn.benchmark | flush | median ms | kernel lists "
+        "| subject | cudnn.benchmark | environment (context s, process s) | flush | median ms | kernel lists "
         "| first copy over processes: spread, sd | copies in one process (median) "
         "| median of copies over processes |",
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in report["summary"]:
         lines.append(
-            f"| {r['subject']} | {r['cudnn_benchmark']} | {r['flush']} | {r['median_ms']} "
+            f"| {r['subject']} | {r['cudnn_benchmark']} | {r.get('env', 'inherited')} "
+            f"({r.get('context_s')}, {r.get('process_s')}) | {r['flush']} | {r['median_ms']} "
             f"| {r['kernel_lists']} "
             f"| {r['first_copy_over_processes']}, {r['first_copy_process_sd']} "
             f"| {r['copies_inside_a_process']} | {r['all_copies_over_processes']} |"
@@ -414,6 +445,13 @@ def main() -> int:
         help="also time a chain of 20 small kernels in every process, and give each subject's correlation "
         "with it over processes (does a process's launch level predict its offset?)",
     )
+    parser.add_argument(
+        "--envs",
+        default="",
+        help="environment settings the processes take in turn, ';'-separated NAME:KEY=VALUE[,KEY=VALUE] "
+        "(e.g. 'lazy:CUDA_MODULE_LOADING=LAZY;eager:CUDA_MODULE_LOADING=EAGER'): does a driver setting "
+        "made before the CUDA context remove a process's offset? Summarised per setting",
+    )
     parser.add_argument("--device", default="cuda", help="cpu: a smoke test of the probe itself")
     parser.add_argument("--tag", default="")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
@@ -436,13 +474,18 @@ def main() -> int:
         "epoch_gap": args.epoch_gap,
     }
     modes = [False, True] if args.both_cudnn_modes else [False]
+    envs = parse_envs(args.envs)
+    arms = [(mode, env) for mode in modes for env in envs]
     processes: list[dict[str, Any]] = []
     stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d")
     name = f"placement_probe-{stamp}{'-' + args.tag if args.tag else ''}"
     args.out.mkdir(parents=True, exist_ok=True)
     for index in range(args.processes):
-        benchmark = modes[index % len(modes)]
-        processes.append({"cudnn_benchmark": benchmark, **run_child({**spec, "cudnn_benchmark": benchmark})})
+        benchmark, (env_name, env) = arms[index % len(arms)]
+        began = time.monotonic()
+        child = run_child({**spec, "cudnn_benchmark": benchmark}, env)
+        child["process_s"] = round(time.monotonic() - began, 2)
+        processes.append({"cudnn_benchmark": benchmark, "env": env_name, **child})
         print(f"process {index + 1}/{args.processes}: {json.dumps(processes[-1])[:300]}", file=sys.stderr)
         # Saved after every process: a run cut short by its call's limit still leaves its figures.
         report = {
@@ -461,13 +504,10 @@ def main() -> int:
             "summary": summarise_epochs(processes, [s["label"] for s in subjects])
             if args.epochs
             else [
-                {"cudnn_benchmark": mode, **row}
-                for mode in modes
-                for row in summarise(
-                    [p for p in processes if p["cudnn_benchmark"] == mode],
-                    [s["label"] for s in subjects],
-                    flushes,
-                )
+                {"cudnn_benchmark": mode, "env": env_name, **row, **process_costs(chosen)}
+                for mode, (env_name, _) in arms
+                for chosen in [[p for p in processes if (p["cudnn_benchmark"], p["env"]) == (mode, env_name)]]
+                for row in summarise(chosen, [s["label"] for s in subjects], flushes)
             ],
             "raw": processes,
         }
