@@ -404,6 +404,7 @@ def run_evaluator_mode(
         lane_active_share=metrics.get("lane_active_share"),
         launch_processes=metrics.get("launch_processes"),
         launch_replaced=metrics.get("launch_replaced"),
+        launch_rechecked=metrics.get("launch_rechecked"),
         nvidia_smi_mean_utilization_pct=util.mean,
         nvidia_smi_sm_clock_mhz=util.clock_mhz,
         # Each candidate's own seconds per stage: where a batch's tail comes from.
@@ -823,6 +824,7 @@ def repeat_run(
         # The evaluator's, over every setting of the run: processes measured for launch_tolerance, replaced.
         run["launch_processes"] = snapshot.get("launch_processes")
         run["launch_replaced"] = snapshot.get("launch_replaced")
+        run["launch_rechecked"] = snapshot.get("launch_rechecked")
     return runs
 
 
@@ -1147,7 +1149,11 @@ def launch_note(part: dict[str, Any]) -> str:
     """How many fresh processes launch_tolerance measured and replaced, over the devices."""
     measured = sum(part.get("launch_processes", {}).values())
     replaced = sum((part.get("launch_replaced") or {}).values())
-    return f"{replaced} of {measured} processes replaced for a slow launch level"
+    rechecked = sum((part.get("launch_rechecked") or {}).values())
+    return (
+        f"{replaced} of {measured} processes replaced for a slow launch level "
+        f"({rechecked} levels measured again on a quiet device first)"
+    )
 
 
 def config_overrides(text: str) -> dict[str, str | None]:

@@ -382,6 +382,10 @@ class Metrics:
                     str(k): f.processes for k, f in self.launch_floors.items() if f.processes
                 },
                 "launch_replaced": {str(k): f.replaced for k, f in self.launch_floors.items() if f.processes},
+                # ... and those measured again on a quiet device before a replacement.
+                "launch_rechecked": {
+                    str(k): f.rechecked for k, f in self.launch_floors.items() if f.processes
+                },
             }
 
 

@@ -289,6 +289,12 @@ class EvaluationService:
             [(f'{{lane="{k}"}}', float(v)) for k, v in snap["launch_replaced"].items()],
         )
         metric(
+            "kernelfleet_eval_launch_rechecked_total",
+            "counter",
+            "Launch levels measured again on a quiet device before a process would be replaced.",
+            [(f'{{lane="{k}"}}', float(v)) for k, v in snap["launch_rechecked"].items()],
+        )
+        metric(
             "kernelfleet_eval_stage_seconds_total",
             "counter",
             "Seconds spent per evaluation stage, summed over evaluations.",

@@ -139,6 +139,17 @@ class LaunchFloor:
         self.best_us: float | None = None
         self.processes = 0
         self.replaced = 0
+        self.rechecked = 0  # levels measured again on a quiet device before a replacement
+
+    def near(self, level_us: float, tolerance: float) -> bool:
+        """Whether `level_us` is within `tolerance` of the fastest so far (nothing counted)."""
+        with self._lock:
+            return self.best_us is None or level_us <= self.best_us * (1 + tolerance)
+
+    def rechecking(self) -> None:
+        """One level is being measured again, on a quiet device (a count for reports)."""
+        with self._lock:
+            self.rechecked += 1
 
     def keeps(self, level_us: float, tolerance: float) -> bool:
         with self._lock:

@@ -15,6 +15,7 @@ import torch
 from kernelfleet.core.models import Task
 from kernelfleet.evaluator import EvalConfig, Evaluator
 from kernelfleet.evaluator._evaluator import _Lane
+from kernelfleet.evaluator._protocol import Evaluation
 from kernelfleet.evaluator._timing import LaunchFloor, launch_level_us
 from tests.support import evaluator_cases as C
 
@@ -57,7 +58,34 @@ def test_a_process_slow_to_launch_is_replaced_and_the_evaluation_goes_on(
     else:
         # judge and candidate: each measured three times (the first and two replacements); the
         # last is kept whatever its level, so the evaluation goes on
-        assert (floor.processes, floor.replaced) == (6, 4)
+        # each slow figure was measured again with the lane held before its process went
+        assert (floor.processes, floor.replaced, floor.rechecked) == (6, 4, 6)
         assert (metrics["launch_processes"], metrics["launch_replaced"]) == ({"0": 6}, {"0": 4})
+        assert metrics["launch_rechecked"] == {"0": 6}
         assert "launch_level" in result.stages
         assert config.result_version.endswith(".launch0.04")
+
+
+def test_a_process_slow_only_beside_other_evaluations_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Outside a timing the device is shared with other evaluations' correctness steps, which slow
+    the chain; a process is replaced only when a measurement on a quiet device (lane held, gate
+    closed) says so too."""
+    monkeypatch.setattr(_Lane, "launch_floor", lambda self, config: self.launch)
+    quiet_calls: list[bool] = []
+
+    def level(self: Evaluation, child: object, message: object, quiet: bool = False) -> float:
+        quiet_calls.append(quiet)
+        if quiet:
+            self.launch_floor.rechecking()  # type: ignore[union-attr]
+            return 36.5
+        return 52.0  # as if time-sliced beside a neighbour
+
+    monkeypatch.setattr(Evaluation, "_launch_level", level)
+    config = EvalConfig(**C.FAST_CPU, launch_tolerance=0.04, launch_rerolls=2)
+    with Evaluator(config) as evaluator:
+        floor = evaluator._probe_lanes()[0].launch
+        floor.best_us = 36.5
+        result = evaluator.evaluate(Task(name="t", code=C.TINY_OUTPUT_TASK), C.TINY_OUTPUT_HONEST)
+    assert result.verdict == "correct", result.reasons
+    assert quiet_calls == [False, True, False, True]  # judge, then candidate: each measured again
+    assert (floor.processes, floor.replaced, floor.rechecked) == (2, 0, 2)
