@@ -22,7 +22,9 @@
 #   benchmarks/placement_probe.py on them first (kernels or memory placement: why a short call
 #   times differently in a fresh process; about 20 s per process and 8 tasks), with PLACEMENT_EXTRA
 #   (e.g. "--profile kernelbench-v0 --flushes write,spread,warm", "--epochs 6", or "--chain --epochs 2":
-#   a launch chain beside the subjects, and how they follow it) passed through.
+#   a launch chain beside the subjects, and how they follow it, or
+#   "--envs default:X=1;conn1:CUDA_DEVICE_MAX_CONNECTIONS=1": processes in turn under driver settings,
+#   word-split, so no spaces) passed through.
 #   LAUNCH_PROBE (pinnings, e.g. free,local,remote) runs benchmarks/launch_offset.py first (is a
 #   process's offset per kernel launch, and does pinning before CUDA starts remove it; about 8 s
 #   per process, LAUNCH_PROCESSES of each pinning, 6).

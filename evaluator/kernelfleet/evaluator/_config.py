@@ -191,10 +191,12 @@ class EvalConfig(EvaluationSettings):
         gt=0,
         description="On CUDA, each process of a pair first times a chain of 20 tiny kernels, before anything "
         "loads; one more than this fraction slower than the fastest the device has shown is replaced by a "
-        "fresh process (at most launch_rerolls times). On the H200 a process keeps one of two launch levels "
-        "(about 8% apart) for its life, and short calls follow it; side by side, 50-100 us candidates agreed "
-        "within 1.1-1.6% with 0.04 against 1.7-4.4% without (docs/evaluator.md). Off until its cost in "
-        "evaluations per hour is measured. None: keep whichever process starts (evaluator 0.8.0).",
+        "fresh process (at most launch_rerolls times), once a second measurement on a quiet device (the "
+        "timing lane held) agrees. On the H200 a process keeps one of two launch levels (about 8% apart) for "
+        "its life, and short calls follow it; side by side, 50-100 us candidates agreed within 1.1-1.6% with "
+        "0.04 against 1.7-4.4% without. On an H100 it cost 21% of the evaluations per GPU-hour and "
+        "re-timings still missed 2% at p90 (docs/evaluator.md), so it is off. None: keep whichever process "
+        "starts.",
     )
     timing_processes_max: int | None = Field(
         default=None,
