@@ -12,7 +12,11 @@ evaluation's calls in the order timed, first pair then second) and compares, at 
 - pool: the first evaluation as paired, the second against all four reference processes (the
   pool it would meet), its own two candidate processes;
 - pool with a drift check: as pool, but an evaluation whose own reference is more than
-  --drift away from the pool's stays paired.
+  --drift away from the pool's stays paired;
+- and, beside them, the candidate's own time |c1/c2 - 1| (each evaluation's geometric mean of its
+  pairs' medians, as the evaluator reports `candidate.median_ms`): re-timing the candidate alone,
+  where the reference's per-process modes stay out. "check" is the largest gap between the first
+  evaluation's figure here and the one the evaluator reported, a measure of the approximation.
 
 An approximation: an evaluation's calls are split in two halves, one per pair, which holds when
 both pairs timed the same number of rounds (a candidate with an odd count is left out).
@@ -66,7 +70,12 @@ def disagreements(row: dict[str, Any], drift: float) -> dict[str, float] | None:
         "paired": abs(first / second - 1),
         "pool": abs(first / pooled - 1),
         "pool_drift_checked": abs(first / checked - 1),
+        "candidate_time": abs(geometric_mean(c1) / geometric_mean(c2) - 1),
+        "check": abs(geometric_mean(c1) / row["candidate_ms"] - 1),
     }
+
+
+WAYS = ("paired", "pool", "pool_drift_checked", "candidate_time")
 
 
 def analyse(path: Path, drift: float) -> list[dict[str, Any]]:
@@ -89,9 +98,10 @@ def analyse(path: Path, drift: float) -> list[dict[str, Any]]:
             "settings": run["settings"],
             "candidates": len(rows),
         }
-        for way in ("paired", "pool", "pool_drift_checked"):
+        for way in WAYS:
             values = sorted(r[way] for r in rows)
             summary[way] = {"p50": quantile(values, 0.5), "p90": quantile(values, 0.9)}
+        summary["check"] = max(r["check"] for r in rows)
         summary["rows"] = sorted(rows, key=lambda r: -r["paired"])
         runs.append(summary)
     return runs
@@ -103,15 +113,16 @@ def markdown(runs: list[dict[str, Any]], drift: float) -> str:
         "",
         "Disagreement |s1/s2 - 1| over candidates of 50 us and up (p50 / p90): as reported (paired), "
         f"against a pool of both evaluations' reference processes, and the pool with a {drift:.0%} "
-        "drift check. Approximate: each evaluation's calls split in halves, one per pair.",
+        "drift check; and the candidate's own time re-timed, |c1/c2 - 1|. Approximate: each evaluation's "
+        "calls split in halves, one per pair (check: the largest gap from the evaluator's own candidate "
+        "median in the first evaluation).",
         "",
         "| run | evaluator | settings | candidates | paired | pool | pool, drift-checked "
-        "| largest (paired, pool) |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| candidate's own time | check | largest (paired, pool) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for run in runs:
-        ways = ("paired", "pool", "pool_drift_checked")
-        cells = [f"{run[w]['p50']:.2%} / {run[w]['p90']:.2%}" for w in ways]
+        cells = [f"{run[w]['p50']:.2%} / {run[w]['p90']:.2%}" for w in WAYS] + [f"{run['check']:.2%}"]
         largest = ", ".join(f"{r['task']} ({r['paired']:.1%}, {r['pool']:.1%})" for r in run["rows"][:3])
         lines.append(
             f"| {run['file']} | {run['evaluator_version']} | {run['settings']} | {run['candidates']} | "
