@@ -198,9 +198,12 @@ class Evaluation:
                 if math.isfinite(level) and not self.launch_floor.near(level, tolerance):
                     # Other evaluations' correctness steps share the device outside a timing,
                     # and time-sliced beside them the chain runs slow: only a measurement made
-                    # while the device is quiet may cost a process. A neighbour can only slow a
-                    # round, so the faster figure stands.
-                    level = min(level, self._launch_level(child, message, quiet=True))
+                    # while the device is quiet (the lane held, the gate closed, as a timing)
+                    # may cost a process. A neighbour can only slow a round, so the faster
+                    # figure stands.
+                    self.launch_floor.rechecking()
+                    with self._lane_held(), self._device_quiet():
+                        level = min(level, self._launch_level(child, message))
             except (ChannelClosed, OSError, ProtocolError, TypeError, ValueError):
                 return child
             if not math.isfinite(level):
@@ -212,29 +215,33 @@ class Evaluation:
             child = self._spawn(role, walls, self.sides.env)
         return child
 
-    def _launch_level(self, child: SandboxChild, message: dict[str, Any], quiet: bool = False) -> float:
-        """The child's launch level (us). Plain: a GPU step, so never while another evaluation
-        times, though beside other evaluations' steps. Quiet: with this device's timing lane held
-        and its gate closed, as a timing is (the lane's wait is not the candidate's time)."""
-        if not quiet:
-            with self._gpu_step(message):
-                child.channel.send(message)
-                return float(self._receive(child).get("launch_us", "nan"))
-        assert self.launch_floor is not None
-        self.launch_floor.rechecking()
+    def _launch_level(self, child: SandboxChild, message: dict[str, Any]) -> float:
+        """The child's launch level (us): a GPU step, so never while another evaluation times
+        (unless this one holds the lane)."""
+        with self._gpu_step(message):
+            child.channel.send(message)
+            return float(self._receive(child).get("launch_us", "nan"))
+
+    @contextlib.contextmanager
+    def _lane_held(self) -> Iterator[float]:
+        """This device's timing lane, held for the block (this evaluation's own GPU steps pass the
+        gate meanwhile); yields the seconds waited for it, which are not the candidate's time."""
         begin = time.monotonic()
         if self.take_lane is not None:
             self.take_lane()
-        self.deadline += time.monotonic() - begin
+        waited = time.monotonic() - begin
+        self.deadline += waited
         self.timing_now = True
         try:
-            with self.gpu_gate.quiet() if self.gpu_gate is not None else contextlib.nullcontext():
-                child.channel.send(message)
-                return float(self._receive(child).get("launch_us", "nan"))
+            yield waited
         finally:
             self.timing_now = False
             if self.release_lane is not None:
                 self.release_lane()
+
+    def _device_quiet(self) -> contextlib.AbstractContextManager[None]:
+        """The device's gate closed for the block: other evaluations' GPU steps wait."""
+        return self.gpu_gate.quiet() if self.gpu_gate is not None else contextlib.nullcontext()
 
     def _receive(self, child: SandboxChild) -> dict[str, Any]:
         while True:
@@ -712,20 +719,11 @@ class Evaluation:
     # ------------------------------------------------------------ timing
 
     def _timed(self) -> dict[str, Any]:
-        begin = time.monotonic()
-        if self.take_lane is not None:
-            with self.stage("lane_wait"):
-                self.take_lane()
-        waited = time.monotonic() - begin
-        self.deadline += waited  # waiting for the device is not the candidate's time
-        self.timing_now = True
-        try:
+        with self._lane_held() as waited:
+            if self.take_lane is not None:
+                self.stages["lane_wait"] = self.stages.get("lane_wait", 0.0) + waited
             with self.stage("timing"):
                 return self._time_pair()
-        finally:
-            self.timing_now = False
-            if self.release_lane is not None:
-                self.release_lane()
 
     def _time_pair(self) -> dict[str, Any]:
         config = self.config
@@ -819,7 +817,7 @@ class Evaluation:
         warm: dict[str, list[float]] = {"reference": [], "candidate": []}
 
         def measure(rounds: int, first: bool) -> tuple[list[float], list[float]]:
-            with self.gpu_gate.quiet() if self.gpu_gate is not None else contextlib.nullcontext():
+            with self._device_quiet():
                 return measure_quietly(rounds, first)
 
         def measure_quietly(rounds: int, first: bool) -> tuple[list[float], list[float]]:

@@ -73,12 +73,10 @@ def test_a_process_slow_only_beside_other_evaluations_is_kept(monkeypatch: pytes
     monkeypatch.setattr(_Lane, "launch_floor", lambda self, config: self.launch)
     quiet_calls: list[bool] = []
 
-    def level(self: Evaluation, child: object, message: object, quiet: bool = False) -> float:
+    def level(self: Evaluation, child: object, message: object) -> float:
+        quiet = self.timing_now  # the lane held: the device is this evaluation's alone
         quiet_calls.append(quiet)
-        if quiet:
-            self.launch_floor.rechecking()  # type: ignore[union-attr]
-            return 36.5
-        return 52.0  # as if time-sliced beside a neighbour
+        return 36.5 if quiet else 52.0  # slow only as if time-sliced beside a neighbour
 
     monkeypatch.setattr(Evaluation, "_launch_level", level)
     config = EvalConfig(**C.FAST_CPU, launch_tolerance=0.04, launch_rerolls=2)
