@@ -16,7 +16,8 @@ pass --kernels or set $KERNELFLEET_CUDA_L1_KERNELS). Three parts, each saved as 
                        (benchmarks/old_evaluator.py): the issue's "today's";
     pipeline           one `evaluate_batch` with the defaults (lane_slots --lane-slots);
     pipeline-shared-lane  as pipeline with EvalConfig(exclusive_timing=False);
-    pipeline-no-reuse  as pipeline with EvalConfig(reference_reuse=False), when that field exists.
+    pipeline-no-reuse  as pipeline with EvalConfig(reference_reuse=False), when that field exists;
+    pipeline-more-pairs  as pipeline with EvalConfig(timing_processes_max=4).
   Per mode: candidates finished, wall seconds, evaluations per GPU-hour, per-stage seconds,
   timing-lane busy share (over the whole mode and while a candidate waits for a slot),
   nvidia-smi utilisation and verdict counts; then the ratios between modes. A mode runs to
@@ -167,6 +168,13 @@ MODES: dict[str, Mode] = {
             {"launch_tolerance": None},
             needs_field="launch_tolerance",
             about="evaluate_batch, whatever launch level a process starts with kept (evaluator 0.8.0)",
+        ),
+        Mode(
+            "pipeline-more-pairs",
+            "batch",
+            {"timing_processes_max": 4},
+            needs_field="timing_processes_max",
+            about="evaluate_batch, up to 4 process pairs while the pairs' speedups spread by more than 2%",
         ),
         Mode(
             "pipeline-six-slots",
