@@ -17,7 +17,8 @@ pass --kernels or set $KERNELFLEET_CUDA_L1_KERNELS). Three parts, each saved as 
     pipeline           one `evaluate_batch` with the defaults (lane_slots --lane-slots);
     pipeline-shared-lane  as pipeline with EvalConfig(exclusive_timing=False);
     pipeline-no-reuse  as pipeline with EvalConfig(reference_reuse=False), when that field exists;
-    pipeline-more-pairs  as pipeline with EvalConfig(timing_processes_max=4).
+    pipeline-more-pairs  as pipeline with EvalConfig(timing_processes_max=4);
+    pipeline-reference-pool  as pipeline with EvalConfig(reference_processes=4).
   Per mode: candidates finished, wall seconds, evaluations per GPU-hour, per-stage seconds,
   timing-lane busy share (over the whole mode and while a candidate waits for a slot),
   nvidia-smi utilisation and verdict counts; then the ratios between modes. A mode runs to
@@ -175,6 +176,13 @@ MODES: dict[str, Mode] = {
             {"timing_processes_max": 4},
             needs_field="timing_processes_max",
             about="evaluate_batch, up to 4 process pairs while the pairs' speedups spread by more than 2%",
+        ),
+        Mode(
+            "pipeline-reference-pool",
+            "batch",
+            {"reference_processes": 4},
+            needs_field="reference_processes",
+            about="evaluate_batch, each task's reference time pooled over 4 fresh processes per session",
         ),
         Mode(
             "pipeline-six-slots",

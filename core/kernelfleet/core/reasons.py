@@ -56,6 +56,8 @@ TRACE_UNAVAILABLE = "trace-unavailable"
 SETTING_APPLIED = "setting-applied"
 REFERENCE_REUSED = "reference-reused"  # the reference's timing came from earlier in the session
 POOLED = "timing-pooled"  # timed in several fresh process pairs (EvalConfig.timing_processes)
+REFERENCE_POOLED = "reference-pooled"  # measured against the session's pooled reference time
+REFERENCE_DRIFTED = "reference-drifted"  # the reference ran outside its session pool: paired figure kept
 UNEVEN_SPREAD = "timing-uneven"  # one side varies round to round far more than the other
 NOT_EVALUATED = "not-evaluated"
 

@@ -217,6 +217,25 @@ class EvalConfig(EvaluationSettings):
         description="The spread of the pairs' speedups (largest over smallest, less 1) under which no more "
         "pairs are timed (timing_processes_max).",
     )
+    reference_processes: int | None = Field(
+        default=None,
+        ge=2,
+        le=16,
+        description="Establish each task's reference time once per evaluator session, as the geometric mean "
+        "of its medians in this many fresh processes (the first evaluation of a task times more process "
+        "pairs until the pool is full), and measure every candidate of the task against that figure, so "
+        "that a re-timing differs only by what the candidate does. Every evaluation still times the "
+        "reference beside the candidate; one whose reference falls outside the pool's range (widened by "
+        "reference_tolerance) keeps its own paired speedup. For references whose time depends on the "
+        "process (2:61's cuDNN convolution: two modes 15-20% apart). None: each evaluation's own pairs.",
+    )
+    reference_tolerance: float = Field(
+        default=0.05,
+        gt=0,
+        description="How far outside the range of the pool's process medians an evaluation's own reference "
+        "median may lie and still be measured against the pool (reference_processes); the most a pool can "
+        "move a speedup beyond what its processes showed.",
+    )
     launch_rerolls: int = Field(
         default=3, ge=0, le=10, description="Fresh processes tried, at most, in place of one slow to launch."
     )
@@ -358,6 +377,8 @@ class EvalConfig(EvaluationSettings):
             suffix += f".launch{self.launch_tolerance}"
         if self.timing_processes_max is not None:
             suffix += f".pairsmax{self.timing_processes_max}@{self.pair_tolerance}"
+        if self.reference_processes is not None:
+            suffix += f".refpool{self.reference_processes}@{self.reference_tolerance}"
         return f"{EVALUATOR_VERSION}+{suffix}"
 
     @property

@@ -47,6 +47,7 @@ from kernelfleet.evaluator._environment import gpu_class, host_name, local_cpus
 from kernelfleet.evaluator._gpugate import GpuGate
 from kernelfleet.evaluator._ops import needs_native_build
 from kernelfleet.evaluator._protocol import Evaluation, Outcome, Sides
+from kernelfleet.evaluator._reference_pool import ReferencePools
 from kernelfleet.evaluator._sandbox import Sandbox, Walls, detect, resolve_level, sandbox_for
 from kernelfleet.evaluator._timing import LaunchFloor, speedup_interval, stats
 
@@ -107,7 +108,9 @@ class PooledTiming:
         )
 
 
-def pool_pairs(answers: Sequence[dict[str, Any]], keep: bool) -> PooledTiming:
+def pool_pairs(
+    answers: Sequence[dict[str, Any]], keep: bool, reference_ms: float | None = None
+) -> PooledTiming:
     """One speedup from several fresh process pairs (`timing_processes`): the geometric mean of the
     pairs' own speedups (ratio of medians), so that each process's offset counts once. Pooling
     the calls and taking one median instead snaps to one mode when a call has two (2:61's cuDNN
@@ -115,7 +118,10 @@ def pool_pairs(answers: Sequence[dict[str, Any]], keep: bool) -> PooledTiming:
     them. The interval is the geometric mean of the pairs' own bootstrap intervals, widened to
     hold every pair's speedup: rounds inside one pair never show its process's offset, the pairs'
     spread does. Each side's timing holds all its calls, its median being the geometric mean of
-    the pairs' medians, so that reference over candidate is the speedup."""
+    the pairs' medians, so that reference over candidate is the speedup.
+
+    `reference_ms`: the session's pooled reference time (`reference_processes`), against which
+    each pair's speedup and interval are scaled in place of its own reference median."""
     estimates = []
     sides: dict[str, list[float]] = {"reference": [], "candidate": []}
     streams: dict[str, list[float] | None] = {"reference": [], "candidate": []}
@@ -124,12 +130,17 @@ def pool_pairs(answers: Sequence[dict[str, Any]], keep: bool) -> PooledTiming:
         reference, candidate = (
             [float(v) for v in answer[f"{side}_ms"]] for side in ("reference", "candidate")
         )
-        estimates.append(speedup_interval(reference, candidate, paired=len(reference) == len(candidate)))
+        estimate = speedup_interval(reference, candidate, paired=len(reference) == len(candidate))
+        if reference_ms is not None:
+            estimate = estimate.scaled(reference_ms / statistics.median(reference))
+        estimates.append(estimate)
         for side, calls in (("reference", reference), ("candidate", candidate)):
             sides[side] += calls
             medians[side].append(statistics.median(calls))
             stream, kept = answer.get(f"{side}_stream_ms"), streams[side]
             streams[side] = kept + [float(v) for v in stream] if kept is not None and stream else None
+    if reference_ms is not None:
+        medians["reference"] = [reference_ms]
     ratios = tuple(e.speedup for e in estimates)
     timings = tuple(
         timing_from(sides[side], keep, streams[side]).model_copy(
@@ -197,19 +208,24 @@ def uneven_spread(reference: Timing, candidate: Timing) -> str | None:
     )
 
 
-def another_pair(answers: Sequence[dict[str, Any]], config: EvalConfig, spent_s: float) -> bool:
+def another_pair(
+    answers: Sequence[dict[str, Any]], config: EvalConfig, spent_s: float, pool_missing: int = 0
+) -> bool:
     """Whether a candidate timed in `answers` (its process pairs so far, which used `spent_s` of
-    timeout_seconds) needs one more pair: always below timing_processes; then, up to
-    timing_processes_max, while the pairs' own speedups (ratio of medians) spread by more than
-    pair_tolerance. A process keeps its offset for its life, so pairs that disagree are told
-    apart only by more processes, not more rounds. Such an optional pair starts only with room
-    for twice what a pair took so far: one that ran out of the timeout would turn a measured
+    timeout_seconds) needs one more pair: always below timing_processes; then while the session's
+    reference pool lacks more fresh processes (`pool_missing`) than the pairs so far give it;
+    then, up to timing_processes_max, while the pairs' own speedups (ratio of medians) spread by
+    more than pair_tolerance. A process keeps its offset for its life, so pairs that disagree are
+    told apart only by more processes, not more rounds. Such an optional pair starts only with
+    room for twice what a pair took so far: one that ran out of the timeout would turn a measured
     speedup into a timeout."""
     if len(answers) < config.timing_processes:
         return True
-    if config.timing_processes_max is None or len(answers) >= config.timing_processes_max:
-        return False
     if config.timeout_seconds - spent_s < 2 * spent_s / len(answers):
+        return False
+    if len(answers) < pool_missing:
+        return True
+    if config.timing_processes_max is None or len(answers) >= config.timing_processes_max:
         return False
     ratios = [
         reference.median_ms / candidate.median_ms
@@ -430,6 +446,7 @@ class Evaluator:
         self._closed = False
         self._banks: dict[tuple[str, ...], list[float]] = {}
         self._banks_lock = threading.Lock()
+        self._pools = ReferencePools()
         self.metrics = Metrics()
 
     # -- lifecycle
@@ -843,9 +860,13 @@ class Evaluator:
         if answer.get("reference_ms"):
             reference, candidate = answer_timings(answer, config.keep_samples)
         rechecked, spent = False, outcome.counted_s
-        if verdict == "correct" and speedup is not None and config.timing_processes > 1:
+        pairs_wanted = config.timing_processes > 1 or config.reference_processes is not None
+        if verdict == "correct" and speedup is not None and pairs_wanted:
             answers = [answer]
-            while another_pair(answers, config, spent):
+            pool_key = self._bank_key(item, lane, answer.get("settings") or {})
+            size = config.reference_processes or 0
+            pool_missing = self._pools.missing(pool_key, size)
+            while another_pair(answers, config, spent, pool_missing):
                 begin = time.monotonic()
                 more = self._child(item, lane, reuse=False, spent=spent)
                 item.stages["more_pairs"] = item.stages.get("more_pairs", 0.0) + time.monotonic() - begin
@@ -861,6 +882,9 @@ class Evaluator:
                 answers.append(extra)
             if verdict == "correct":
                 pooled = pool_pairs(answers, config.keep_samples)
+                if size:
+                    pooled, note = self._against_pool(pool_key, answers, pooled, config)
+                    reasons += [note] if note else []
                 speedup, interval, reference, candidate = pooled.speedup, pooled.interval, *pooled.timings
                 reasons.append(R.reason(R.POOLED, pooled.describe()))
                 check = recheck_of_pairs(pooled, config)
@@ -870,6 +894,7 @@ class Evaluator:
                     if low is not None:
                         speedup, interval = pooled.pair_speedups[low], pooled.pair_intervals[low]
                         reference, candidate = answer_timings(answers[low], config.keep_samples)
+                        reference = reference.model_copy(update={"median_ms": speedup * candidate.median_ms})
         if (
             verdict == "correct"
             and speedup is not None
@@ -927,6 +952,39 @@ class Evaluator:
             max_abs_error=answer.get("max_abs_error"),
             settings=answer.get("settings") or {},
             isolation=outcome.isolation,
+        )
+
+    def _against_pool(
+        self,
+        key: tuple[str, ...],
+        answers: Sequence[dict[str, Any]],
+        pooled: PooledTiming,
+        config: EvalConfig,
+    ) -> tuple[PooledTiming, str | None]:
+        """The pairs measured against the session's reference pool (`reference_processes`), which
+        their fresh reference medians fill first if it is not yet made: the pooled figures and
+        the note that says so; the pairs' own figures, with a note, when one of their references
+        ran outside the pool's range; the pairs' own and no note while the pool is not made."""
+        fresh = [
+            statistics.median(float(ms) for ms in answer["reference_ms"])
+            for answer in answers
+            if (answer.get("reference_timing") or {}).get("paired") is not False
+        ]
+        size = config.reference_processes or 0
+        pool = self._pools.offer(key, fresh, size, config.reference_tolerance)
+        if pool is None:
+            return pooled, None
+        outside = [ms for ms in fresh if not pool.holds(ms)]
+        if outside:
+            shown = ", ".join(f"{ms:.4f}" for ms in outside)
+            return pooled, R.reason(
+                R.REFERENCE_DRIFTED,
+                f"the reference ran {shown} ms here, outside its session pool's range by more than "
+                f"{config.reference_tolerance:.0%} ({pool.describe()}): the machine has moved since, so "
+                "this evaluation's own paired figures count",
+            )
+        return pool_pairs(answers, config.keep_samples, pool.median_ms), R.reason(
+            R.REFERENCE_POOLED, pool.describe()
         )
 
     @staticmethod

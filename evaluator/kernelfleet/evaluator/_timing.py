@@ -22,7 +22,7 @@ import random
 import statistics
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -442,6 +442,11 @@ class SpeedupEstimate:
 
     def describe(self) -> str:
         return f"{self.speedup:.3f}x (95% interval {self.low:.3f}-{self.high:.3f}, {self.rounds} rounds)"
+
+    def scaled(self, factor: float) -> SpeedupEstimate:
+        """The same estimate with the reference's time multiplied by `factor` (a pooled reference
+        time in place of the pair's own median): speedup and interval move together."""
+        return replace(self, speedup=self.speedup * factor, low=self.low * factor, high=self.high * factor)
 
 
 def speedup_interval(

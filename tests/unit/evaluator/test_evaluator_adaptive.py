@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import random
+import statistics
 from collections.abc import Callable
 from typing import Any
 
@@ -24,6 +25,7 @@ from kernelfleet.evaluator._evaluator import (
     uneven_spread,
 )
 from kernelfleet.evaluator._protocol import Outcome
+from kernelfleet.evaluator._reference_pool import ReferencePools
 from kernelfleet.evaluator._timing import AdaptiveTiming, adaptive_timing, decide, speedup_interval
 from tests.support import evaluator_cases as C
 
@@ -481,6 +483,98 @@ def test_a_candidate_whose_pairs_disagree_is_timed_in_more_pairs() -> None:
     assert result.verdict == Verdict.CORRECT, result.reasons
     pooled = [r for r in result.reasons if R.reason_code(r) == R.POOLED]
     assert len(pooled) == 1 and "3 fresh process pairs" in pooled[0], result.reasons
+
+
+# ---------------------------------------------------------------- the session's reference pool
+
+
+def test_a_pool_fills_from_fresh_processes_and_then_only_checks() -> None:
+    """The first `size` medians offered make the pool, whatever evaluations they come from; it is
+    frozen then, its figure the geometric mean, and a median checks against its range widened by
+    the tolerance (2:61's two modes, 0.306 and 0.368 ms on an H100)."""
+    pools = ReferencePools()
+    assert pools.missing("2:61", 4) == 4
+    assert pools.offer("2:61", [0.306, 0.368], 4, 0.05) is None
+    assert pools.missing("2:61", 4) == 2
+    pool = pools.offer("2:61", [0.307, 0.367, 0.9], 4, 0.05)  # the fifth is not taken
+    assert pool is not None and pool.medians_ms == (0.306, 0.368, 0.307, 0.367)
+    assert pool.median_ms == pytest.approx((0.306 * 0.368 * 0.307 * 0.367) ** 0.25)
+    assert pools.offer("2:61", [0.5], 4, 0.05) == pool and pools.missing("2:61", 4) == 0
+    assert pool.holds(0.30) and pool.holds(0.38) and not pool.holds(0.28) and not pool.holds(0.40)
+    assert pools.missing("3:18", 4) == 4  # each task (device, config, settings) has its own
+
+
+def test_pairs_against_a_pooled_reference_keep_their_candidates_and_their_intervals() -> None:
+    """Against the pool, each pair's speedup is the pool's time over its candidate's median, its
+    interval moves with it, and the reference's median is the pool's, so that reference over
+    candidate is still the speedup: two pairs whose reference ran in two modes now agree."""
+    rng = random.Random(4)
+    answers = [
+        pair_answer(
+            [mode + rng.gauss(0, 0.001) for _ in range(30)], [0.2 + rng.gauss(0, 0.0005) for _ in range(30)]
+        )
+        for mode in (0.306, 0.368)
+    ]
+    own = pool_pairs(answers, keep=False)
+    against = pool_pairs(answers, keep=False, reference_ms=0.335)
+    assert max(own.pair_speedups) / min(own.pair_speedups) > 1.15
+    assert max(against.pair_speedups) / min(against.pair_speedups) < 1.01
+    for mine, theirs, answer in zip(own.pair_intervals, against.pair_intervals, answers, strict=True):
+        factor = 0.335 / statistics.median(answer["reference_ms"])
+        assert theirs == pytest.approx((mine[0] * factor, mine[1] * factor))
+    assert against.timings[0].median_ms == 0.335
+    assert against.timings[0].median_ms / against.timings[1].median_ms == pytest.approx(against.speedup)
+
+
+def test_pairs_are_timed_until_the_pool_is_full_while_the_timeout_has_room() -> None:
+    config = EvalConfig(timing_processes=2, reference_processes=4, timeout_seconds=180)
+    assert another_pair([answer_at(1.0), answer_at(1.0)], config, 2.0, pool_missing=4)
+    assert another_pair([answer_at(1.0)] * 3, config, 3.0, pool_missing=4)
+    assert not another_pair([answer_at(1.0)] * 4, config, 4.0, pool_missing=4)  # full
+    assert not another_pair([answer_at(1.0)] * 2, config, 2.0, pool_missing=0)  # made earlier
+    assert not another_pair([answer_at(1.0)] * 2, config, 100.0, pool_missing=4)  # no room left
+    assert "refpool4@0.05" in config.result_version
+
+
+def test_candidates_of_a_task_are_measured_against_one_reference_time_per_session() -> None:
+    """End to end on the CPU: the first evaluation times pairs until the pool has three
+    processes; the next times its two and is measured against the same reference figure, so the
+    reference's median is identical in both, and each says so."""
+    config = EvalConfig(
+        device="cpu",
+        warmup=2,
+        flush_bytes=0,
+        speedup_recheck=None,
+        correctness_trials=1,
+        timing_trials=5,
+        timing_retries=0,
+        max_speedup_cv=None,
+        reference_processes=3,
+        reference_tolerance=100.0,  # a loaded test machine must not make the range check decide
+    )
+    task = Task(name="slow", code=C.SLOW_TASK)
+    with Evaluator(config) as evaluator:
+        first, second = (evaluator.evaluate(task, C.SLOW_TASK_FAST + f"\n# {n}\n") for n in range(2))
+    for result, pairs in ((first, 3), (second, 2)):
+        assert result.verdict == Verdict.CORRECT, result.reasons
+        assert R.REFERENCE_POOLED in R.codes(result.reasons), result.reasons
+        assert any(f"timed in {pairs} fresh process pairs" in r for r in result.reasons), result.reasons
+    assert first.reference is not None and second.reference is not None
+    assert first.reference.median_ms == second.reference.median_ms
+
+
+def test_an_evaluation_whose_reference_left_the_pools_range_keeps_its_own_figures() -> None:
+    config = EvalConfig(timing_processes=2, reference_processes=2)
+    answers = [answer_at(1.0), answer_at(1.02)]
+    with Evaluator(config.model_copy(update={"device": "cpu"})) as evaluator:
+        made, note = evaluator._against_pool(("t",), answers, pool_pairs(answers, keep=False), config)
+        assert note is not None and R.reason_code(note) == R.REFERENCE_POOLED
+        assert made.pair_speedups == pytest.approx((made.speedup, made.speedup))
+        moved = [answer_at(1.3), answer_at(1.31)]  # a host-bound reference under another load
+        own = pool_pairs(moved, keep=False)
+        kept, note = evaluator._against_pool(("t",), moved, own, config)
+    assert kept == own and note is not None and R.reason_code(note) == R.REFERENCE_DRIFTED
+    assert "1.3000, 1.3100 ms" in note and "outside its session pool's range by more than 5%" in note
 
 
 # ---------------------------------------------------------------- the primer before short calls

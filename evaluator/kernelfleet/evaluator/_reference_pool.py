@@ -1,0 +1,77 @@
+"""A task's reference time, established once per session over several fresh processes.
+
+Why: a process keeps an offset for its life. 2:61's reference (a cuDNN ConvTranspose3d) runs at
+one of two modes 15-20% apart depending on the process, on the H200 and on an H100 alike, and no
+setting tried moved it. Two evaluations of the same candidate, each timing the reference in its
+own two processes, therefore met different modes and disagreed by 5-17%, while the candidate's
+own time agreed within 2% (`reward_service-2026-12-06-morepairs.md`). A pool fixes the reference's
+figure for the session: the geometric mean of its medians in the first `reference_processes`
+fresh processes that timed it, so every later candidate of the task is measured against the same
+figure, and a re-timing differs only by what the candidate itself does.
+
+Pairing is kept as the guard: every evaluation still times the reference beside the candidate,
+and its reference medians must lie within the pool's range (widened by `reference_tolerance`);
+one outside it means the machine has moved since the pool was made (a host-bound reference
+under another load), and that evaluation keeps its own paired figure. So a pool can never move a
+speedup further than the tolerance beyond what the processes it holds have shown.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import threading
+from collections.abc import Hashable, Sequence
+
+
+@dataclasses.dataclass(frozen=True)
+class ReferencePool:
+    """The reference's medians (ms) in the fresh processes that made the pool."""
+
+    medians_ms: tuple[float, ...]
+    tolerance: float
+
+    @property
+    def median_ms(self) -> float:
+        """The figure a candidate is measured against: the geometric mean over processes, so
+        that each process's offset counts once and two modes average rather than snap."""
+        return statistics.geometric_mean(self.medians_ms)
+
+    def holds(self, median_ms: float) -> bool:
+        """Whether a reference median timed now is one the pool's processes could have shown."""
+        low, high = min(self.medians_ms), max(self.medians_ms)
+        return low * (1 - self.tolerance) <= median_ms <= high * (1 + self.tolerance)
+
+    def describe(self) -> str:
+        low, high = min(self.medians_ms), max(self.medians_ms)
+        return (
+            f"the reference's {self.median_ms:.4f} ms is this session's for the task: the geometric mean "
+            f"of its medians in {len(self.medians_ms)} fresh processes ({low:.4f}-{high:.4f} ms)"
+        )
+
+
+class ReferencePools:
+    """The session's pools, by key (task, device, config and settings); safe across the lane
+    threads. A pool fills from the first fresh reference medians offered and is frozen once it
+    holds `size`: later medians only check it."""
+
+    def __init__(self) -> None:
+        self._medians: dict[Hashable, list[float]] = {}
+        self._lock = threading.Lock()
+
+    def missing(self, key: Hashable, size: int) -> int:
+        """How many more fresh processes the pool for `key` needs before it is made."""
+        with self._lock:
+            return max(0, size - len(self._medians.get(key, ())))
+
+    def offer(
+        self, key: Hashable, medians_ms: Sequence[float], size: int, tolerance: float
+    ) -> ReferencePool | None:
+        """Add an evaluation's fresh reference medians to a pool still filling (as many as it
+        lacks); the pool once it holds `size`, else None."""
+        with self._lock:
+            held = self._medians.setdefault(key, [])
+            held += [float(ms) for ms in medians_ms if ms > 0][: max(0, size - len(held))]
+            if len(held) < size:
+                return None
+            return ReferencePool(tuple(held), tolerance)
