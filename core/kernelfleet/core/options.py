@@ -183,6 +183,23 @@ class ModelOptions(Generic[M]):
         convert.__name__ = field  # argparse names the type in "invalid <type> value" messages
         return convert
 
+    def argv(self, values: M) -> list[str]:
+        """The command line that gives `values` (a model of these fields) to a program reading
+        these flags: every field with a value, so that a program with other defaults (a worker
+        image of another version) still gets these; a flag-only boolean only when it differs
+        from the default, since it can say one value."""
+        words: list[str] = []
+        for field, flag in self._flags.items():
+            info = self.model.model_fields[field]
+            value = getattr(values, field)
+            if value is None:
+                continue
+            if _plain_type(info.annotation) is bool and flag.parse is None:
+                words += [self.names(field)[0]] if value != info.default else []
+                continue
+            words += [self.names(field)[0], str(value.value if isinstance(value, enum.Enum) else value)]
+        return words
+
     # ------------------------------------------------------------------ reading the parsed flags
 
     def given(self, args: argparse.Namespace) -> dict[str, Any]:

@@ -209,7 +209,8 @@ class EvalConfig(EvaluationSettings):
         "for twice what a pair took. Needs timing_processes of 2 or more, and is at least that. Off by "
         "default: side by side on the H200 (with launch_tolerance 0.04) a candidate whose "
         "reference takes one of two modes per process still came 9% apart, since two pairs can agree on "
-        "either mode, for 2.7x the timing time (docs/evaluator.md). None: exactly timing_processes pairs.",
+        "either mode, for 2.7x the timing time; without it, on an H100, p90 4.58% against 4.5% for 18% "
+        "fewer evaluations per hour (docs/evaluator.md). None: exactly timing_processes pairs.",
     )
     pair_tolerance: float = Field(
         default=0.02,
@@ -217,24 +218,12 @@ class EvalConfig(EvaluationSettings):
         description="The spread of the pairs' speedups (largest over smallest, less 1) under which no more "
         "pairs are timed (timing_processes_max).",
     )
-    reference_processes: int | None = Field(
-        default=None,
-        ge=2,
-        le=16,
-        description="Establish each task's reference time once per evaluator session, as the geometric mean "
-        "of its medians in this many fresh processes (the first evaluation of a task times more process "
-        "pairs until the pool is full), and measure every candidate of the task against that figure, so "
-        "that a re-timing differs only by what the candidate does. Every evaluation still times the "
-        "reference beside the candidate; one whose reference falls outside the pool's range (widened by "
-        "reference_tolerance) keeps its own paired speedup. For references whose time depends on the "
-        "process (2:61's cuDNN convolution: two modes 15-20% apart). None: each evaluation's own pairs.",
-    )
     reference_tolerance: float = Field(
         default=0.05,
         gt=0,
         description="How far outside the range of the pool's process medians an evaluation's own reference "
-        "median may lie and still be measured against the pool (reference_processes); the most a pool can "
-        "move a speedup beyond what its processes showed.",
+        "median may lie and still be measured against the pool (reference_processes, in the evaluation "
+        "settings); the most a pool can move a speedup beyond what its processes showed.",
     )
     launch_rerolls: int = Field(
         default=3, ge=0, le=10, description="Fresh processes tried, at most, in place of one slow to launch."

@@ -894,7 +894,10 @@ class Evaluator:
                     if low is not None:
                         speedup, interval = pooled.pair_speedups[low], pooled.pair_intervals[low]
                         reference, candidate = answer_timings(answers[low], config.keep_samples)
-                        reference = reference.model_copy(update={"median_ms": speedup * candidate.median_ms})
+                        if size:  # the pool's time, not this pair's own
+                            reference = reference.model_copy(
+                                update={"median_ms": speedup * candidate.median_ms}
+                            )
         if (
             verdict == "correct"
             and speedup is not None

@@ -22,6 +22,7 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
+from kernelfleet.core.job_options import EVALUATION_OPTIONS
 from kernelfleet.core.resources import TrainingRunSpec, TrainingStage
 from kernelfleet.operator._jobs import (
     LABEL_GPU_CLASS,
@@ -171,7 +172,9 @@ def eval_selector(owner: Owner, stage: str) -> dict[str, str]:
 
 
 def eval_command(spec: TrainingRunSpec) -> list[str]:
-    evaluation = spec.evaluation
+    """`kernelfleet eval serve` with every evaluation setting of the run's spec on its command line
+    (the reward service is one long session over many candidates of each task: the case that
+    `referenceProcesses` pays for)."""
     return [
         "kernelfleet",
         "eval",
@@ -182,14 +185,7 @@ def eval_command(spec: TrainingRunSpec) -> list[str]:
         str(EVAL_PORT),
         "--token-file",
         f"{TOKEN_DIR}/{TOKEN_KEY}",
-        "--profile",
-        evaluation.profile.value,
-        "--correctness-trials",
-        str(evaluation.correctness_trials),
-        "--trials",
-        str(evaluation.timing_trials),
-        "--timing-processes",
-        str(evaluation.timing_processes),
+        *EVALUATION_OPTIONS.argv(spec.evaluation),
     ]
 
 

@@ -108,3 +108,19 @@ def test_help_shows_the_fields_help_and_defaults(capsys: pytest.CaptureFixture[s
     assert "Timed calls of each side, per timing batch (default: 100)" in out
     assert "(default: no limit)" in out
     assert "skip re-verifying the best variant" in out
+
+
+def test_a_model_written_back_as_flags_parses_to_itself() -> None:
+    """`argv` is `build`'s inverse: every field with a value is written (so a program with other
+    defaults still gets it), a boolean flag only when it says something, None never."""
+    options = ModelOptions(EvaluationSettings)
+    settings = EvaluationSettings(
+        profile=EvaluationProfile.KERNELBENCH_V0, require_kernel=True, reference_processes=4
+    )
+    words = options.argv(settings)
+    assert "--require-kernel" in words and words[words.index("--reference-processes") + 1] == "4"
+    assert "--memory-limit" not in words  # None: the reader's own default
+    parser = argparse.ArgumentParser()
+    options.add_to(parser)
+    assert options.build(parser.parse_args(words)) == settings
+    assert "--require-kernel" not in options.argv(EvaluationSettings())

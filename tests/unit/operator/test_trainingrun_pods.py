@@ -169,6 +169,35 @@ def test_the_rl_stage_talks_to_its_evaluation_service_with_the_token_from_a_secr
     assert rl.reward is not None and rl.reward.service_url == f"http://{name}.team-a.svc:{EVAL_PORT}"
 
 
+def test_the_evaluation_service_gets_every_evaluation_setting_of_the_spec() -> None:
+    """The command the operator writes, read back by the real `kernelfleet eval serve` parser,
+    gives the spec's evaluation settings: a setting the service left out (a session's reference
+    pool, a timeout) would make the run's rewards other than the ones its spec asked for."""
+    import argparse
+
+    from kernelfleet.core.settings import EvaluationSettings
+    from kernelfleet.evaluator import cli as eval_cli
+
+    evaluation = {
+        "profile": "kernelbench-v0",
+        "referenceProcesses": 4,
+        "timeoutSeconds": 120,
+        "requireKernel": True,
+        "memoryLimit": "8G",
+    }
+    run = resolved_spec(spec(evaluation=evaluation), RunRef(OWNER.namespace, OWNER.name, OWNER.uid))
+    command = eval_deployment(run, run.stages[1], OWNER, gpu_class=POOLS["l40"], settings=SETTINGS)["spec"][
+        "template"
+    ]["spec"]["containers"][0]["command"]
+    parser = argparse.ArgumentParser(prog="kernelfleet")
+    eval_cli.register(parser.add_subparsers())
+    args = parser.parse_args(command[1:])
+    served = eval_cli.SERVE_OPTIONS.build_from(eval_cli.SERVE_OPTIONS.given(args))
+    for field in EvaluationSettings.model_fields:
+        assert getattr(served, field) == getattr(run.evaluation, field), field
+    assert served.reference_processes == 4 and served.require_kernel is True
+
+
 def test_a_token_secret_named_in_the_spec_is_used_as_is() -> None:
     run = spec(stages=[{"name": "rl", "type": "grpo", "reward": {"tokenSecret": "my-eval-token"}}])
     assert token_secret(run, run.stages[0], OWNER) == "my-eval-token"
