@@ -28,9 +28,10 @@ pass --kernels or set $KERNELFLEET_CUDA_L1_KERNELS). Three parts, each saved as 
 - variants: many candidates per task, as an RL step or an optimisation round makes them:
   --variant-tasks tasks (pure-Python ones, so that builds do not hide the timing lane), each
   with --variants copies that differ by a comment (so each is evaluated afresh), through the
-  pipeline with and without reference reuse, one after the other. Per mode: rate, timing-lane
-  seconds per candidate, lane busy share; and how far the two modes' speedups for the same
-  candidate differ (|s_reuse / s_paired - 1|, p50 and p90, over candidates of 50 us and more).
+  pipeline under each --variant-config setting, one after the other (by default the defaults,
+  then reference_processes=4). Per mode: rate, timing-lane seconds per candidate, lane busy
+  share, the reference notes, and how far each task's variants' speedups spread (the same
+  candidate re-timed in one session: p50 and p90, and over candidates of 50 us and more).
 - repeat: the published kernels in file order are screened until --repeat-tasks of them are
   correct and timed, and each of those is timed again in a fresh process; the disagreement of
   the two speedups |s1/s2 - 1| at the 50th and 90th percentile, over candidates of 50 us and
@@ -86,6 +87,7 @@ for part in ("core", "evaluator"):
 
 from gpu_evaluator import UtilizationSampler, commit  # noqa: E402
 
+from kernelfleet.core import reasons as R  # noqa: E402
 from kernelfleet.core.errors import EvaluationCancelled  # noqa: E402
 from kernelfleet.core.models import EvaluationResult, Task  # noqa: E402
 from kernelfleet.evaluator import EVALUATOR_VERSION, EvalConfig, Evaluator, load_tasks  # noqa: E402
@@ -669,9 +671,16 @@ def quantile(values: list[float], q: float) -> float | None:
 def part_variants(
     rows: list[tuple[Task, str, str]], args: argparse.Namespace, budget: float
 ) -> dict[str, Any]:
-    """Many candidates per task through the pipeline, with and without reference reuse."""
-    pure = [row for row in spread(rows, len(rows)) if not is_native(row[1])]
-    chosen = spread(pure, args.variant_tasks)
+    """Many candidates per task through the pipeline, under each --variant-config setting one
+    after the other (the first is the baseline). The variants of a task are one candidate that
+    differs by a comment, so within a setting their speedups should be equal: how far they spread
+    (largest over smallest, less 1, per task) is a repeatability figure inside one session, with
+    --variants re-timings each."""
+    if args.variant_rows:
+        chosen = [rows[index] for index in args.variant_rows]
+    else:
+        pure = [row for row in spread(rows, len(rows)) if not is_native(row[1])]
+        chosen = spread(pure, args.variant_tasks)
     items = [(task, f"{code}\n# variant {v}\n") for task, code, _ in chosen for v in range(args.variants)]
     out: dict[str, Any] = {
         "tasks": [name for _, _, name in chosen],
@@ -679,45 +688,54 @@ def part_variants(
         "candidates": len(items),
         "modes": {},
     }
-    if "reference_reuse" not in EvalConfig.model_fields:
-        out["note"] = "this evaluator has no reference_reuse field"
-        return out
-    speedups: dict[str, dict[int, EvaluationResult]] = {}
     end = time.monotonic() + budget
-    for position, (name, reuse) in enumerate((("pipeline", True), ("pipeline-no-reuse", False))):
-        bound = max(0.0, end - time.monotonic()) / (2 - position)
-        mode = Mode(name, "batch", {"reference_reuse": reuse})
-        row = run_evaluator_mode(mode, items, args, bound, keep=speedups.setdefault(name, {}))
-        reused = [r for r in speedups[name].values() if "reference-reused" in " ".join(r.reasons)]
+    arms = list(args.variant_config)
+    for position, overrides in enumerate(arms):
+        missing = sorted(set(overrides) - set(EvalConfig.model_fields))
+        name = "pipeline" + "".join(f" {key}={value}" for key, value in overrides.items())
+        if missing:
+            out["modes"][name] = {"note": f"this evaluator has no field(s) {missing}"}
+            continue
+        bound = max(0.0, end - time.monotonic()) / (len(arms) - position)
+        kept: dict[int, EvaluationResult] = {}
+        row = run_evaluator_mode(Mode(name, "batch", dict(overrides)), items, args, bound, keep=kept)
         timing = row["stages"].get("timing", {})
-        row["reference_reused"] = len(reused)
         row["timing_s_per_candidate"] = (
             round(timing["total_s"] / row["finished"], 3) if timing and row["finished"] else None
         )
+        notes = Counter(code for r in kept.values() for code in R.codes(r.reasons))
+        row["notes"] = {
+            code: notes[code] for code in ("reference-pooled", "reference-drifted", "reference-reused")
+        }
+        row["variant_spread"] = variant_spread(kept, args.variants)
         out["modes"][name] = row
         print(f"variants {name}: {row['status']}, {row['wall_s']} s, {row['verdicts']}", file=sys.stderr)
-    both = speedups["pipeline"].keys() & speedups["pipeline-no-reuse"].keys()
-    gaps, big = [], []
-    for index in both:
-        a, b = speedups["pipeline"][index], speedups["pipeline-no-reuse"][index]
-        if a.speedup and b.speedup and b.candidate is not None:
-            gap = abs(a.speedup / b.speedup - 1)
-            gaps.append(gap)
-            if b.candidate.median_ms >= 0.05:
-                big.append(gap)
-    out["agreement"] = {
-        "pairs": len(gaps),
-        "pairs_50us_and_up": len(big),
+    measured = [m for m in out["modes"].values() if "note" not in m]
+    out["rate_ratios"] = [ratio(m, measured[0]) for m in measured[1:]]
+    return out
+
+
+def variant_spread(results: dict[int, EvaluationResult], per_task: int) -> dict[str, Any]:
+    """Per task (consecutive blocks of `per_task` items), the timed variants' speedups, largest over
+    smallest less 1; p50 and p90 over tasks, and over those whose candidate takes 50 us and more."""
+    spreads, big = [], []
+    for first in range(0, max(results, default=-1) + 1, per_task):
+        timed = [results[i] for i in range(first, first + per_task) if i in results and results[i].speedup]
+        if len(timed) < 2:
+            continue
+        speedups = [float(r.speedup or 0.0) for r in timed]
+        gap = max(speedups) / min(speedups) - 1
+        spreads.append(gap)
+        if all(r.candidate is not None and r.candidate.median_ms >= 0.05 for r in timed):
+            big.append(gap)
+    return {
+        "tasks": len(spreads),
+        "tasks_50us_and_up": len(big),
+        "p50": quantile(sorted(spreads), 0.5),
+        "p90": quantile(sorted(spreads), 0.9),
         "p50_50us_and_up": quantile(sorted(big), 0.5),
         "p90_50us_and_up": quantile(sorted(big), 0.9),
-        "p90_all": quantile(sorted(gaps), 0.9),
     }
-    out["timing_lane_ratio"] = ratio_of(
-        out["modes"]["pipeline-no-reuse"].get("timing_s_per_candidate"),
-        out["modes"]["pipeline"].get("timing_s_per_candidate"),
-    )
-    out["rate_ratio"] = ratio(out["modes"]["pipeline"], out["modes"]["pipeline-no-reuse"])
-    return out
 
 
 FIRST, SECOND = "\n# first process\n", "\n# second process\n"
@@ -1083,32 +1101,30 @@ def candidate_table(mode: str, rows: list[dict[str, Any]]) -> list[str]:
 def variants_markdown(v: dict[str, Any]) -> list[str]:
     lines = [
         f"## Many candidates per task ({len(v['tasks'])} tasks x {v['variants_per_task']} variants, "
-        "pipeline, with and without reference reuse)",
+        "the same candidate in each task's variants)",
         "",
-    ]
-    if v.get("note"):
-        return [*lines, f"Not run: {v['note']}.", ""]
-    lines += [
         "| mode | finished / N | wall s | evaluations per GPU-hour | timing-lane s per candidate "
-        "| lane busy: whole / while queue full | reference reused | verdicts |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| lane busy: whole / while queue full | notes | variants' speedups apart: p50 / p90 "
+        "(50 us and more: p50 / p90, tasks) | verdicts |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name, m in v["modes"].items():
-        lane = m.get("lane") or {}
+        if "note" in m:
+            lines.append(f"| {name} | not run: {m['note']} | | | | | | | |")
+            continue
+        lane, apart = m.get("lane") or {}, m.get("variant_spread") or {}
         lines.append(
             f"| {name} | {m['finished']} / {m['candidates']} | {m['wall_s']} | "
             f"{cell(m['evaluations_per_gpu_hour'])} | {cell(m.get('timing_s_per_candidate'))} | "
             f"{cell(lane.get('busy_share_whole'))} / {cell(lane.get('busy_share_queue_full'))} | "
-            f"{m.get('reference_reused')} | {cell(m['verdicts'])} |"
+            f"{cell(m.get('notes'))} | {cell(apart.get('p50'))} / {cell(apart.get('p90'))} "
+            f"({cell(apart.get('p50_50us_and_up'))} / {cell(apart.get('p90_50us_and_up'))}, "
+            f"{apart.get('tasks_50us_and_up')}) | {cell(m['verdicts'])} |"
         )
-    a = v.get("agreement", {})
     lines += [
         "",
-        f"Rate with reuse over without: {cell(v.get('rate_ratio'))}x; timing-lane seconds per candidate, "
-        f"without over with: {cell(v.get('timing_lane_ratio'))}x. The same candidate's speedup with and "
-        f"without reuse, |s_reuse / s_paired - 1| over {a.get('pairs_50us_and_up')} candidates of 50 us "
-        f"and more: p50 {cell(a.get('p50_50us_and_up'))}, p90 {cell(a.get('p90_50us_and_up'))} "
-        f"(all {a.get('pairs')}: p90 {cell(a.get('p90_all'))}). Tasks: {', '.join(v['tasks'])}.",
+        f"Rate of each later mode over the first: {cell(v.get('rate_ratios'))}. "
+        f"Tasks: {', '.join(v['tasks'])}.",
         "",
     ]
     return lines
@@ -1280,6 +1296,20 @@ def main() -> int:
     )
     parser.add_argument("--variant-tasks", type=int, default=8, help="tasks in the variants part")
     parser.add_argument("--variants", type=int, default=4, help="candidates per task in the variants part")
+    parser.add_argument(
+        "--variant-config",
+        type=lambda text: [config_overrides(part) for part in text.split(";")],
+        default=[{}, {"reference_processes": "4"}],
+        help="EvalConfig fields of each setting the variants part runs, one after the other, separated "
+        "by ';' (the first is the baseline); default: the defaults, then reference_processes=4",
+    )
+    parser.add_argument(
+        "--variant-rows",
+        type=lambda text: [int(row) for row in text.split(",") if row.strip()],
+        default=None,
+        help="the variants part takes exactly these rows of the workload (comma list) instead of "
+        "--variant-tasks pure-Python ones spread over it: e.g. rows of 50 us and more",
+    )
     parser.add_argument("--trials", type=int, default=100)
     parser.add_argument("--lane-slots", type=int, default=4)
     parser.add_argument("--task-timeout", type=float, default=180.0)
