@@ -215,10 +215,11 @@ def another_pair(
     timeout_seconds) needs one more pair: always below timing_processes; then while the session's
     reference pool lacks more fresh processes (`pool_missing`) than the pairs so far give it;
     then, up to timing_processes_max, while the pairs' own speedups (ratio of medians) spread by
-    more than pair_tolerance. A process keeps its offset for its life, so pairs that disagree are
-    told apart only by more processes, not more rounds. Such an optional pair starts only with
-    room for twice what a pair took so far: one that ran out of the timeout would turn a measured
-    speedup into a timeout."""
+    more than pair_tolerance; with a session's reference pool (`reference_processes`), whose one
+    figure every pair is measured against, while the candidate's medians do. A process keeps its
+    offset for its life, so pairs that disagree are told apart only by more processes, not more
+    rounds. Such an optional pair starts only with room for twice what a pair took so far: one
+    that ran out of the timeout would turn a measured speedup into a timeout."""
     if len(answers) < config.timing_processes:
         return True
     if config.timeout_seconds - spent_s < 2 * spent_s / len(answers):
@@ -227,8 +228,9 @@ def another_pair(
         return True
     if config.timing_processes_max is None or len(answers) >= config.timing_processes_max:
         return False
+    pooled = config.reference_processes is not None
     ratios = [
-        reference.median_ms / candidate.median_ms
+        (1.0 if pooled else reference.median_ms) / candidate.median_ms
         for reference, candidate in (answer_timings(answer, keep=False) for answer in answers)
     ]
     return max(ratios) / min(ratios) - 1 > config.pair_tolerance

@@ -534,6 +534,13 @@ def test_pairs_are_timed_until_the_pool_is_full_while_the_timeout_has_room() -> 
     assert not another_pair([answer_at(1.0)] * 2, config, 2.0, pool_missing=0)  # made earlier
     assert not another_pair([answer_at(1.0)] * 2, config, 100.0, pool_missing=4)  # no room left
     assert "refpool4@0.05" in config.result_version
+    # Against the pool's one reference figure, more pairs follow the candidate's own spread: a
+    # reference that moved between two processes no longer asks for a third.
+    most = EvalConfig(timing_processes=2, timing_processes_max=4, reference_processes=2)
+    moved = [pair_answer([1.0] * 3, [1.0] * 3), pair_answer([1.2] * 3, [1.0] * 3)]
+    assert not another_pair(moved, most, 2.0)
+    assert another_pair([pair_answer([1.0] * 3, [1.0] * 3), pair_answer([1.0] * 3, [1.05] * 3)], most, 2.0)
+    assert another_pair(moved, most.model_copy(update={"reference_processes": None}), 2.0)
 
 
 def test_candidates_of_a_task_are_measured_against_one_reference_time_per_session() -> None:
