@@ -99,6 +99,7 @@ class PooledTiming:
     timings: tuple[Timing, Timing]  # reference, candidate: every pair's calls
     pair_speedups: tuple[float, ...]
     pair_intervals: tuple[tuple[float, float], ...]  # each pair's own bootstrap interval
+    reference_ms: float | None = None  # the session's pooled reference time they are measured against
 
     def describe(self) -> str:
         each = ", ".join(f"{s:.3f}x" for s in self.pair_speedups)
@@ -157,6 +158,7 @@ def pool_pairs(
         timings=(timings[0], timings[1]),
         pair_speedups=ratios,
         pair_intervals=tuple((e.low, e.high) for e in estimates),
+        reference_ms=reference_ms,
     )
 
 
@@ -865,9 +867,9 @@ class Evaluator:
         pairs_wanted = config.timing_processes > 1 or config.reference_processes is not None
         if verdict == "correct" and speedup is not None and pairs_wanted:
             answers = [answer]
-            pool_key = self._bank_key(item, lane, answer.get("settings") or {})
             size = config.reference_processes or 0
-            pool_missing = self._pools.missing(pool_key, size)
+            pool_key = self._bank_key(item, lane, answer.get("settings") or {}) if size else ()
+            pool_missing = self._pools.missing(pool_key, size) if size else 0
             while another_pair(answers, config, spent, pool_missing):
                 begin = time.monotonic()
                 more = self._child(item, lane, reuse=False, spent=spent)
@@ -896,10 +898,8 @@ class Evaluator:
                     if low is not None:
                         speedup, interval = pooled.pair_speedups[low], pooled.pair_intervals[low]
                         reference, candidate = answer_timings(answers[low], config.keep_samples)
-                        if size:  # the pool's time, not this pair's own
-                            reference = reference.model_copy(
-                                update={"median_ms": speedup * candidate.median_ms}
-                            )
+                        if pooled.reference_ms is not None:  # measured against the pool, not its own
+                            reference = reference.model_copy(update={"median_ms": pooled.reference_ms})
         if (
             verdict == "correct"
             and speedup is not None
@@ -975,8 +975,7 @@ class Evaluator:
             for answer in answers
             if (answer.get("reference_timing") or {}).get("paired") is not False
         ]
-        size = config.reference_processes or 0
-        pool = self._pools.offer(key, fresh, size, config.reference_tolerance)
+        pool = self._pools.offer(key, fresh, config.reference_processes or 0, config.reference_tolerance)
         if pool is None:
             return pooled, None
         outside = [ms for ms in fresh if not pool.holds(ms)]
