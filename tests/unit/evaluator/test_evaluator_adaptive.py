@@ -570,6 +570,33 @@ def test_candidates_of_a_task_are_measured_against_one_reference_time_per_sessio
     assert first.reference.median_ms == second.reference.median_ms
 
 
+def test_a_candidate_that_is_not_correct_puts_nothing_in_the_pool() -> None:
+    """A hostile candidate evaluated first in a session must not set the reference time the
+    task's later candidates are measured against: one that patched torch to slow the reference is
+    rejected, and only the honest candidate after it fills the pool, from its own pairs."""
+    config = EvalConfig(
+        device="cpu",
+        correctness_trials=2,
+        timing_trials=5,
+        warmup=1,
+        flush_bytes=0,
+        speedup_recheck=None,
+        max_speedup_cv=None,
+        timing_retries=0,
+        reference_processes=2,
+        reference_tolerance=100.0,  # a loaded test machine must not make the range check decide
+    )
+    task = Task(name="matmul", code=C.MATMUL_TASK)
+    with Evaluator(config) as evaluator:
+        hack = evaluator.evaluate(task, C.SLOWER_REFERENCE_HACK)
+        assert hack.verdict == Verdict.REJECTED, hack.reasons
+        assert all(not medians for medians in evaluator._pools._medians.values())
+        honest = evaluator.evaluate(task, C.HONEST)
+        assert honest.verdict == Verdict.CORRECT, honest.reasons
+        assert R.REFERENCE_POOLED in R.codes(honest.reasons), honest.reasons
+        assert [len(medians) for medians in evaluator._pools._medians.values() if medians] == [2]
+
+
 def test_an_evaluation_whose_reference_left_the_pools_range_keeps_its_own_figures() -> None:
     config = EvalConfig(timing_processes=2, reference_processes=2)
     answers = [answer_at(1.0), answer_at(1.02)]
