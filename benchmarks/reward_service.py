@@ -1231,6 +1231,16 @@ def config_overrides(text: str) -> dict[str, str | None]:
     return {key.strip(): None if value.strip().lower() == "none" else value.strip() for key, value in pairs}
 
 
+def config_settings(text: str) -> list[dict[str, str | None]]:
+    """`a=1;b=2,c=3` -> one EvalConfig override dict per ';'-separated setting."""
+    return [config_overrides(part) for part in text.split(";")]
+
+
+def row_list(text: str) -> list[int]:
+    """`3,5,8` -> workload rows."""
+    return [int(row) for row in text.split(",") if row.strip()]
+
+
 def main() -> int:
     started = time.monotonic()  # --max-seconds counts the probe of the device and the loading too
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -1267,7 +1277,7 @@ def main() -> int:
     )
     parser.add_argument(
         "--repeat-config",
-        type=lambda text: [config_overrides(part) for part in text.split(";")],
+        type=config_settings,
         default=[{}],
         help="EvalConfig fields for the repeat part, e.g. lane_slots=1,compile_workers=1; several "
         "settings separated by ';' run side by side",
@@ -1282,7 +1292,7 @@ def main() -> int:
     )
     parser.add_argument(
         "--repeat-rows",
-        type=lambda text: [int(row) for row in text.split(",") if row.strip()],
+        type=row_list,
         default=None,
         help="the repeat part screens exactly these rows of the workload (comma list; a report's "
         "by_row names them), instead of --repeat-from on until --repeat-tasks are correct: to "
@@ -1298,14 +1308,14 @@ def main() -> int:
     parser.add_argument("--variants", type=int, default=4, help="candidates per task in the variants part")
     parser.add_argument(
         "--variant-config",
-        type=lambda text: [config_overrides(part) for part in text.split(";")],
+        type=config_settings,
         default=[{}, {"reference_processes": "4"}],
         help="EvalConfig fields of each setting the variants part runs, one after the other, separated "
         "by ';' (the first is the baseline); default: the defaults, then reference_processes=4",
     )
     parser.add_argument(
         "--variant-rows",
-        type=lambda text: [int(row) for row in text.split(",") if row.strip()],
+        type=row_list,
         default=None,
         help="the variants part takes exactly these rows of the workload (comma list) instead of "
         "--variant-tasks pure-Python ones spread over it: e.g. rows of 50 us and more",
