@@ -47,7 +47,7 @@ from kernelfleet.evaluator._environment import gpu_class, host_name, local_cpus
 from kernelfleet.evaluator._gpugate import GpuGate
 from kernelfleet.evaluator._ops import needs_native_build
 from kernelfleet.evaluator._protocol import Evaluation, Outcome, Sides
-from kernelfleet.evaluator._reference_pool import ReferencePools
+from kernelfleet.evaluator._reference_pool import ReferencePool, ReferencePools
 from kernelfleet.evaluator._sandbox import Sandbox, Walls, detect, resolve_level, sandbox_for
 from kernelfleet.evaluator._timing import LaunchFloor, speedup_interval, stats
 
@@ -210,12 +210,40 @@ def uneven_spread(reference: Timing, candidate: Timing) -> str | None:
     )
 
 
+def fresh_reference_medians(answers: Sequence[dict[str, Any]]) -> list[float]:
+    """The reference's median in each process pair that timed it afresh (not from the bank)."""
+    return [
+        statistics.median(float(ms) for ms in answer["reference_ms"])
+        for answer in answers
+        if (answer.get("reference_timing") or {}).get("paired") is not False
+    ]
+
+
+def against_pool(
+    pool: ReferencePool, answers: Sequence[dict[str, Any]], pooled: PooledTiming, config: EvalConfig
+) -> tuple[PooledTiming, str]:
+    """The pairs measured against the session's reference pool (`reference_processes`), with the
+    note that says so; the pairs' own figures, with a note, when one of their references ran
+    outside the pool's range (the machine has moved since the pool was made)."""
+    outside = [ms for ms in fresh_reference_medians(answers) if not pool.holds(ms)]
+    if outside:
+        shown = ", ".join(f"{ms:.4f}" for ms in outside)
+        return pooled, R.reason(
+            R.REFERENCE_DRIFTED,
+            f"the reference ran {shown} ms here, outside its session pool's range by more than "
+            f"{config.reference_tolerance:.0%} ({pool.describe()}): the machine has moved since, so "
+            "this evaluation's own paired figures count",
+        )
+    note = R.reason(R.REFERENCE_POOLED, pool.describe())
+    return pool_pairs(answers, config.keep_samples, pool.median_ms), note
+
+
 def another_pair(
-    answers: Sequence[dict[str, Any]], config: EvalConfig, spent_s: float, pool_missing: int = 0
+    answers: Sequence[dict[str, Any]], config: EvalConfig, spent_s: float, pool_owed: int = 0
 ) -> bool:
     """Whether a candidate timed in `answers` (its process pairs so far, which used `spent_s` of
-    timeout_seconds) needs one more pair: always below timing_processes; then while the session's
-    reference pool lacks more fresh processes (`pool_missing`) than the pairs so far give it;
+    timeout_seconds) needs one more pair: always below timing_processes; then below `pool_owed`,
+    the pairs in all that this evaluation promised the session's reference pool;
     then, up to timing_processes_max, while the pairs' own speedups (ratio of medians) spread by
     more than pair_tolerance; with a session's reference pool (`reference_processes`), whose one
     figure every pair is measured against, while the candidate's medians do. A process keeps its
@@ -226,7 +254,7 @@ def another_pair(
         return True
     if config.timeout_seconds - spent_s < 2 * spent_s / len(answers):
         return False
-    if len(answers) < pool_missing:
+    if len(answers) < pool_owed:
         return True
     if config.timing_processes_max is None or len(answers) >= config.timing_processes_max:
         return False
@@ -869,26 +897,48 @@ class Evaluator:
             answers = [answer]
             size = config.reference_processes or 0
             pool_key = self._bank_key(item, lane, answer.get("settings") or {}) if size else ()
-            pool_missing = self._pools.missing(pool_key, size) if size else 0
-            while another_pair(answers, config, spent, pool_missing):
-                begin = time.monotonic()
-                more = self._child(item, lane, reuse=False, spent=spent)
-                item.stages["more_pairs"] = item.stages.get("more_pairs", 0.0) + time.monotonic() - begin
-                extra = more.answer
-                if extra is None or extra.get("status") != "ok":
-                    failed = self._failure(more, item, lane, "re-timing", spent)
-                    return failed.model_copy(update={"seconds": round(time.monotonic() - started, 3)})
-                spent += more.counted_s
-                if extra["verdict"] != "correct" or not extra.get("reference_ms"):
-                    reasons += [f"{t} (process pair {len(answers) + 1})" for t in extra["reasons"]]
-                    verdict, speedup = extra["verdict"], None
-                    break
-                answers.append(extra)
+            # The fresh processes this evaluation brings to the task's pool, and those it offered.
+            promised = self._pools.promise(pool_key, size, config.timing_processes) if size else 0
+            offered, pool = 0, None
+            try:
+                while True:
+                    while another_pair(answers, config, spent, offered + promised):
+                        begin = time.monotonic()
+                        more = self._child(item, lane, reuse=False, spent=spent)
+                        stage = time.monotonic() - begin
+                        item.stages["more_pairs"] = item.stages.get("more_pairs", 0.0) + stage
+                        extra = more.answer
+                        if extra is None or extra.get("status") != "ok":
+                            failed = self._failure(more, item, lane, "re-timing", spent)
+                            return failed.model_copy(update={"seconds": round(time.monotonic() - started, 3)})
+                        spent += more.counted_s
+                        if extra["verdict"] != "correct" or not extra.get("reference_ms"):
+                            reasons += [f"{t} (process pair {len(answers) + 1})" for t in extra["reasons"]]
+                            verdict, speedup = extra["verdict"], None
+                            break
+                        answers.append(extra)
+                    if verdict != "correct" or not size:
+                        break
+                    fresh = fresh_reference_medians(answers[offered:])
+                    tolerance = config.reference_tolerance
+                    pool = self._pools.offer(pool_key, fresh, size, tolerance, promised)
+                    promised, offered = 0, len(answers)
+                    room = max(0.0, config.timeout_seconds - spent)
+                    pool = pool or self._pools.wait(pool_key, size, tolerance, room)
+                    if pool is not None:
+                        break
+                    # The promises out ended without a pool (an evaluation failed): bring the rest.
+                    promised = self._pools.promise(pool_key, size, self._pools.missing(pool_key, size))
+                    if not promised or not another_pair(answers, config, spent, offered + promised):
+                        break
+            finally:
+                if promised:
+                    self._pools.release(pool_key, promised)
             if verdict == "correct":
                 pooled = pool_pairs(answers, config.keep_samples)
-                if size:
-                    pooled, note = self._against_pool(pool_key, answers, pooled, config)
-                    reasons += [note] if note else []
+                if pool is not None:
+                    pooled, note = against_pool(pool, answers, pooled, config)
+                    reasons.append(note)
                 speedup, interval, reference, candidate = pooled.speedup, pooled.interval, *pooled.timings
                 reasons.append(R.reason(R.POOLED, pooled.describe()))
                 check = recheck_of_pairs(pooled, config)
@@ -957,38 +1007,6 @@ class Evaluator:
             max_abs_error=answer.get("max_abs_error"),
             settings=answer.get("settings") or {},
             isolation=outcome.isolation,
-        )
-
-    def _against_pool(
-        self,
-        key: tuple[str, ...],
-        answers: Sequence[dict[str, Any]],
-        pooled: PooledTiming,
-        config: EvalConfig,
-    ) -> tuple[PooledTiming, str | None]:
-        """The pairs measured against the session's reference pool (`reference_processes`), which
-        their fresh reference medians fill first if it is not yet made: the pooled figures and
-        the note that says so; the pairs' own figures, with a note, when one of their references
-        ran outside the pool's range; the pairs' own and no note while the pool is not made."""
-        fresh = [
-            statistics.median(float(ms) for ms in answer["reference_ms"])
-            for answer in answers
-            if (answer.get("reference_timing") or {}).get("paired") is not False
-        ]
-        pool = self._pools.offer(key, fresh, config.reference_processes or 0, config.reference_tolerance)
-        if pool is None:
-            return pooled, None
-        outside = [ms for ms in fresh if not pool.holds(ms)]
-        if outside:
-            shown = ", ".join(f"{ms:.4f}" for ms in outside)
-            return pooled, R.reason(
-                R.REFERENCE_DRIFTED,
-                f"the reference ran {shown} ms here, outside its session pool's range by more than "
-                f"{config.reference_tolerance:.0%} ({pool.describe()}): the machine has moved since, so "
-                "this evaluation's own paired figures count",
-            )
-        return pool_pairs(answers, config.keep_samples, pool.median_ms), R.reason(
-            R.REFERENCE_POOLED, pool.describe()
         )
 
     @staticmethod

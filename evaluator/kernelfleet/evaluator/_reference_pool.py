@@ -53,25 +53,56 @@ class ReferencePool:
 class ReferencePools:
     """The session's pools, by key (task, device, config and settings); safe across the lane
     threads. A pool fills from the first fresh reference medians offered and is frozen once it
-    holds `size`: later medians only check it."""
+    holds `size`: later medians only check it.
+
+    Evaluations in flight promise the processes they will bring, so that a burst of candidates of
+    one task (a GRPO group, a round of variants) fills the pool from their ordinary pairs: without
+    promises each of them saw the whole pool missing and timed extra pairs for it: with 4
+    candidates per task on an H100 they took 1.9x the timing lane's seconds per candidate
+    (`reward_service-2026-12-06-poolvariants.md`). An evaluation that has offered its medians waits
+    for the promises still out, and times more pairs itself only when they end without a pool."""
 
     def __init__(self) -> None:
         self._medians: dict[Hashable, list[float]] = {}
-        self._lock = threading.Lock()
+        self._promised: dict[Hashable, int] = {}
+        self._changed = threading.Condition()
 
     def missing(self, key: Hashable, size: int) -> int:
         """How many more fresh processes the pool for `key` needs before it is made."""
-        with self._lock:
+        with self._changed:
             return max(0, size - len(self._medians.get(key, ())))
 
+    def promise(self, key: Hashable, size: int, most: int) -> int:
+        """Reserve for one evaluation up to `most` of the processes the pool still lacks beyond
+        those promised by evaluations in flight: how many it is to bring (offer or release them)."""
+        with self._changed:
+            lacking = size - len(self._medians.get(key, ())) - self._promised.get(key, 0)
+            promised = max(0, min(most, lacking))
+            self._promised[key] = self._promised.get(key, 0) + promised
+            return promised
+
+    def release(self, key: Hashable, promised: int) -> None:
+        """Give back a promise that will not be kept (the evaluation failed or ran out of time)."""
+        with self._changed:
+            self._promised[key] = max(0, self._promised.get(key, 0) - promised)
+            self._changed.notify_all()
+
     def offer(
-        self, key: Hashable, medians_ms: Sequence[float], size: int, tolerance: float
+        self, key: Hashable, medians_ms: Sequence[float], size: int, tolerance: float, promised: int = 0
     ) -> ReferencePool | None:
         """Add an evaluation's fresh reference medians to a pool still filling (as many as it
-        lacks); the pool once it holds `size`, else None."""
-        with self._lock:
+        lacks), keeping its promise of `promised`; the pool once it holds `size`, else None."""
+        with self._changed:
+            self._promised[key] = max(0, self._promised.get(key, 0) - promised)
             held = self._medians.setdefault(key, [])
             held += [float(ms) for ms in medians_ms if ms > 0][: max(0, size - len(held))]
-            if len(held) < size:
-                return None
-            return ReferencePool(tuple(held), tolerance)
+            self._changed.notify_all()
+            return ReferencePool(tuple(held), tolerance) if len(held) >= size else None
+
+    def wait(self, key: Hashable, size: int, tolerance: float, timeout_s: float) -> ReferencePool | None:
+        """The pool once made, waiting at most `timeout_s` while evaluations in flight still owe it
+        processes; None when their promises ended without making it, or time ran out."""
+        with self._changed:
+            held = self._medians.setdefault(key, [])
+            self._changed.wait_for(lambda: len(held) >= size or not self._promised.get(key), timeout_s)
+            return ReferencePool(tuple(held), tolerance) if len(held) >= size else None

@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 import random
 import statistics
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -19,13 +21,15 @@ from kernelfleet.evaluator import _evaluator as evaluator_module
 from kernelfleet.evaluator import reasons as R
 from kernelfleet.evaluator._evaluator import (
     PooledTiming,
+    against_pool,
     another_pair,
+    fresh_reference_medians,
     pool_pairs,
     recheck_of_pairs,
     uneven_spread,
 )
 from kernelfleet.evaluator._protocol import Outcome
-from kernelfleet.evaluator._reference_pool import ReferencePools
+from kernelfleet.evaluator._reference_pool import ReferencePool, ReferencePools
 from kernelfleet.evaluator._timing import AdaptiveTiming, adaptive_timing, decide, speedup_interval
 from tests.support import evaluator_cases as C
 
@@ -528,11 +532,11 @@ def test_pairs_against_a_pooled_reference_keep_their_candidates_and_their_interv
 
 def test_pairs_are_timed_until_the_pool_is_full_while_the_timeout_has_room() -> None:
     config = EvalConfig(timing_processes=2, reference_processes=4, timeout_seconds=180)
-    assert another_pair([answer_at(1.0), answer_at(1.0)], config, 2.0, pool_missing=4)
-    assert another_pair([answer_at(1.0)] * 3, config, 3.0, pool_missing=4)
-    assert not another_pair([answer_at(1.0)] * 4, config, 4.0, pool_missing=4)  # full
-    assert not another_pair([answer_at(1.0)] * 2, config, 2.0, pool_missing=0)  # made earlier
-    assert not another_pair([answer_at(1.0)] * 2, config, 100.0, pool_missing=4)  # no room left
+    assert another_pair([answer_at(1.0), answer_at(1.0)], config, 2.0, pool_owed=4)
+    assert another_pair([answer_at(1.0)] * 3, config, 3.0, pool_owed=4)
+    assert not another_pair([answer_at(1.0)] * 4, config, 4.0, pool_owed=4)  # full
+    assert not another_pair([answer_at(1.0)] * 2, config, 2.0, pool_owed=0)  # made earlier
+    assert not another_pair([answer_at(1.0)] * 2, config, 100.0, pool_owed=4)  # no room left
     assert "refpool4@0.05" in config.result_version
     # Against the pool's one reference figure, more pairs follow the candidate's own spread: a
     # reference that moved between two processes no longer asks for a third.
@@ -600,15 +604,79 @@ def test_a_candidate_that_is_not_correct_puts_nothing_in_the_pool() -> None:
 def test_an_evaluation_whose_reference_left_the_pools_range_keeps_its_own_figures() -> None:
     config = EvalConfig(timing_processes=2, reference_processes=2)
     answers = [answer_at(1.0), answer_at(1.02)]
-    with Evaluator(config.model_copy(update={"device": "cpu"})) as evaluator:
-        made, note = evaluator._against_pool(("t",), answers, pool_pairs(answers, keep=False), config)
-        assert note is not None and R.reason_code(note) == R.REFERENCE_POOLED
-        assert made.pair_speedups == pytest.approx((made.speedup, made.speedup))
-        moved = [answer_at(1.3), answer_at(1.31)]  # a host-bound reference under another load
-        own = pool_pairs(moved, keep=False)
-        kept, note = evaluator._against_pool(("t",), moved, own, config)
-    assert kept == own and note is not None and R.reason_code(note) == R.REFERENCE_DRIFTED
+    pool = ReferencePools().offer("t", fresh_reference_medians(answers), 2, config.reference_tolerance)
+    assert pool is not None
+    made, note = against_pool(pool, answers, pool_pairs(answers, keep=False), config)
+    assert R.reason_code(note) == R.REFERENCE_POOLED
+    assert made.pair_speedups == pytest.approx((made.speedup, made.speedup))
+    moved = [answer_at(1.3), answer_at(1.31)]  # a host-bound reference under another load
+    own = pool_pairs(moved, keep=False)
+    kept, note = against_pool(pool, moved, own, config)
+    assert kept == own and R.reason_code(note) == R.REFERENCE_DRIFTED
     assert "1.3000, 1.3100 ms" in note and "outside its session pool's range by more than 5%" in note
+
+
+def test_evaluations_in_flight_promise_the_pool_their_own_pairs() -> None:
+    """A burst of a task's candidates fills the pool from their ordinary pairs: the first two
+    promise two processes each, the third none; one that has offered waits for the promises
+    out and gets the pool once they are kept."""
+    pools = ReferencePools()
+    assert [pools.promise("2:61", 4, 2) for _ in range(3)] == [2, 2, 0]
+    assert pools.offer("2:61", [0.306, 0.368], 4, 0.05, promised=2) is None
+    waited: list[ReferencePool | None] = []
+    waiter = threading.Thread(target=lambda: waited.append(pools.wait("2:61", 4, 0.05, timeout_s=30)))
+    waiter.start()
+    time.sleep(0.05)
+    assert waiter.is_alive()  # the second evaluation still owes two processes
+    made = pools.offer("2:61", [0.307, 0.367], 4, 0.05, promised=2)
+    waiter.join(timeout=5)
+    assert made is not None and waited == [made] and pools.promise("2:61", 4, 2) == 0
+
+
+def test_a_promise_released_unkept_leaves_the_rest_to_the_evaluation_that_waits() -> None:
+    """An evaluation that promised processes and then failed releases them: the one waiting
+    wakes with no pool and promises what is missing itself."""
+    pools = ReferencePools()
+    assert pools.promise("3:18", 4, 2) == 2 and pools.promise("3:18", 4, 2) == 2
+    assert pools.offer("3:18", [1.0, 1.01], 4, 0.05, promised=2) is None
+    waited: list[ReferencePool | None] = []
+    waiter = threading.Thread(target=lambda: waited.append(pools.wait("3:18", 4, 0.05, timeout_s=30)))
+    waiter.start()
+    pools.release("3:18", 2)  # the second evaluation turned out incorrect
+    waiter.join(timeout=5)
+    assert waited == [None] and pools.promise("3:18", 4, pools.missing("3:18", 4)) == 2
+    assert pools.wait("3:18", 4, 0.05, timeout_s=0.01) is None  # its own promise is out: time runs out
+
+
+def test_a_burst_of_a_tasks_candidates_times_no_more_pairs_than_one_after_another() -> None:
+    """End to end on the CPU, three candidates of one task in flight together: all are measured
+    against the one pooled reference figure, and together they time at most the pool's four
+    processes plus two pairs each for the others (without promises each timed the whole pool)."""
+    config = EvalConfig(
+        device="cpu",
+        warmup=2,
+        flush_bytes=0,
+        speedup_recheck=None,
+        correctness_trials=1,
+        timing_trials=5,
+        timing_retries=0,
+        max_speedup_cv=None,
+        reference_processes=4,
+        reference_tolerance=100.0,  # a loaded test machine must not make the range check decide
+    )
+    task = Task(name="slow", code=C.SLOW_TASK)
+    with Evaluator(config) as evaluator:
+        futures = [evaluator.submit(task, C.SLOW_TASK_FAST + f"\n# {n}\n") for n in range(3)]
+        results = [future.result(timeout=600) for future in futures]
+    pairs = []
+    for result in results:
+        assert result.verdict == Verdict.CORRECT, result.reasons
+        assert R.REFERENCE_POOLED in R.codes(result.reasons), result.reasons
+        assert result.reference is not None
+        timed = [r for r in result.reasons if "fresh process pairs" in r]
+        pairs += [int(r.split("timed in ")[1].split()[0]) for r in timed]
+    assert len({result.reference.median_ms for result in results if result.reference}) == 1
+    assert len(pairs) == 3 and sum(pairs) <= 4 + 2 + 2, pairs
 
 
 # ---------------------------------------------------------------- the primer before short calls
