@@ -17,7 +17,7 @@ import enum
 import hashlib
 from typing import Annotated
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from pydantic.alias_generators import to_camel
 
 
@@ -215,6 +215,23 @@ class EvaluationSettings(Settings):
         "correctness too), and the pairs after the first are the re-check of a speedup at or above "
         "speedup_recheck. 1: one pair, as KernelBench.",
     )
+    timing_processes_max: int | None = Field(
+        default=None,
+        ge=2,
+        le=8,
+        description="More fresh process pairs, up to this many in all, while the pairs' speedups (each "
+        "pair's ratio of medians) spread by more than pair_tolerance, largest over smallest: a candidate "
+        "whose processes disagree is timed until their geometric mean has more processes under it, and "
+        "one whose pairs agree costs nothing more. One more starts only while timeout_seconds has room "
+        "for twice what a pair took. Needs timing_processes of 2 or more, and is at least that. Off by "
+        "default: side by side on the H200 (with launch_tolerance 0.04) a candidate whose "
+        "reference takes one of two modes per process still came 9% apart, since two pairs can agree on "
+        "either mode, for 2.7x the timing time; without it, on an H100, p90 4.58% against 4.5% for 18% "
+        "fewer evaluations per hour. With reference_processes 4, whose one reference figure leaves the "
+        "candidate's own spread to decide, re-timings on two H100s agreed within p90 1.04% and 1.09% "
+        "against 1.83% and 5.26% for the defaults (docs/evaluator.md). None: exactly timing_processes "
+        "pairs.",
+    )
     reference_processes: int | None = Field(
         default=None,
         ge=2,
@@ -225,9 +242,10 @@ class EvaluationSettings(Settings):
         "re-timing differs only by what the candidate does. Every evaluation still times the reference "
         "beside its candidate, and one whose reference falls outside the pool's range keeps its own paired "
         "speedup. On an H100, re-timings agreed within p90 2.88% with 4 against 7.66% without (2:61's "
-        "cuDNN reference, whose time has two modes per process: 0.26% against 7.66%). On 16 candidates "
-        "of 16 tasks it cost 18% of the evaluations per hour; it pays where many candidates share a task "
-        "(RL, optimisation rounds; docs/evaluator.md). None: each evaluation's own pairs.",
+        "cuDNN reference, whose time has two modes per process: 0.26% against 7.66%), and with "
+        "timing_processes_max 4 as well within 1.04% and 1.09% on two H100s. On 16 candidates of 16 tasks "
+        "it cost 18% of the evaluations per hour; it pays where many candidates share a task (RL, "
+        "optimisation rounds; docs/evaluator.md). None: each evaluation's own pairs.",
     )
     timeout_seconds: float = Field(
         default=300.0,
@@ -251,3 +269,14 @@ class EvaluationSettings(Settings):
     @property
     def memory_limit_bytes(self) -> int | None:
         return parse_bytes(self.memory_limit) if self.memory_limit else None
+
+    @field_validator("timing_processes_max")
+    @classmethod
+    def _at_least_timing_processes(cls, value: int | None, info: ValidationInfo) -> int | None:
+        pairs = info.data.get("timing_processes")
+        if value is not None and pairs is not None and value < pairs:
+            raise ValueError(
+                f"timing_processes_max ({value}) is below timing_processes ({pairs}): set it to "
+                f"{pairs} or more, or leave it unset for exactly timing_processes pairs"
+            )
+        return value

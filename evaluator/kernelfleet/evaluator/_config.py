@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import ConfigDict, Field, field_validator
 
 from kernelfleet.core.settings import Device, EvaluationProfile, EvaluationSettings, IsolationLevel
 from kernelfleet.evaluator._version import EVALUATOR_VERSION
@@ -198,25 +198,11 @@ class EvalConfig(EvaluationSettings):
         "re-timings still missed 2% at p90 (docs/evaluator.md), so it is off. None: keep whichever process "
         "starts.",
     )
-    timing_processes_max: int | None = Field(
-        default=None,
-        ge=2,
-        le=8,
-        description="More fresh process pairs, up to this many in all, while the pairs' speedups (each "
-        "pair's ratio of medians) spread by more than pair_tolerance, largest over smallest: a candidate "
-        "whose processes disagree is timed until their geometric mean has more processes under it, and "
-        "one whose pairs agree costs nothing more. One more starts only while timeout_seconds has room "
-        "for twice what a pair took. Needs timing_processes of 2 or more, and is at least that. Off by "
-        "default: side by side on the H200 (with launch_tolerance 0.04) a candidate whose "
-        "reference takes one of two modes per process still came 9% apart, since two pairs can agree on "
-        "either mode, for 2.7x the timing time; without it, on an H100, p90 4.58% against 4.5% for 18% "
-        "fewer evaluations per hour (docs/evaluator.md). None: exactly timing_processes pairs.",
-    )
     pair_tolerance: float = Field(
         default=0.02,
         gt=0,
         description="The spread of the pairs' speedups (largest over smallest, less 1) under which no more "
-        "pairs are timed (timing_processes_max).",
+        "pairs are timed (timing_processes_max, in the evaluation settings).",
     )
     reference_tolerance: float = Field(
         default=0.05,
@@ -323,17 +309,6 @@ class EvalConfig(EvaluationSettings):
     )
     baseline_modes: tuple[str, ...] = BASELINE_MODES
     baseline_trials: int | None = Field(default=None, description="None: timing_trials.")
-
-    @field_validator("timing_processes_max")
-    @classmethod
-    def _at_least_timing_processes(cls, value: int | None, info: ValidationInfo) -> int | None:
-        pairs = info.data.get("timing_processes")
-        if value is not None and pairs is not None and value < pairs:
-            raise ValueError(
-                f"timing_processes_max ({value}) is below timing_processes ({pairs}): set it to "
-                f"{pairs} or more, or leave it unset for exactly timing_processes pairs"
-            )
-        return value
 
     @field_validator("baseline_modes")
     @classmethod

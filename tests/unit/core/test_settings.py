@@ -115,7 +115,10 @@ def test_a_model_written_back_as_flags_parses_to_itself() -> None:
     defaults still gets it), a boolean flag only when it says something, None never."""
     options = ModelOptions(EvaluationSettings)
     settings = EvaluationSettings(
-        profile=EvaluationProfile.KERNELBENCH_V0, require_kernel=True, reference_processes=4
+        profile=EvaluationProfile.KERNELBENCH_V0,
+        require_kernel=True,
+        reference_processes=4,
+        timing_processes_max=4,
     )
     words = options.argv(settings)
     assert "--require-kernel" in words and words[words.index("--reference-processes") + 1] == "4"
@@ -124,3 +127,12 @@ def test_a_model_written_back_as_flags_parses_to_itself() -> None:
     options.add_to(parser)
     assert options.build(parser.parse_args(words)) == settings
     assert "--require-kernel" not in options.argv(EvaluationSettings())
+
+
+def test_more_pairs_than_always_timed_is_checked_where_users_set_it() -> None:
+    """timing_processes_max is an evaluation setting (a flag, a job's spec): one below
+    timing_processes is refused with both names and the fix."""
+    with pytest.raises(
+        ValueError, match=r"timing_processes_max \(2\) is below timing_processes \(3\): set it to 3"
+    ):
+        EvaluationSettings(timing_processes=3, timing_processes_max=2)
