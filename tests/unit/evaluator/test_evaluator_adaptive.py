@@ -547,11 +547,9 @@ def test_pairs_are_timed_until_the_pool_is_full_while_the_timeout_has_room() -> 
     assert another_pair(moved, most.model_copy(update={"reference_processes": None}), 2.0)
 
 
-def test_candidates_of_a_task_are_measured_against_one_reference_time_per_session() -> None:
-    """End to end on the CPU: the first evaluation times pairs until the pool has three
-    processes; the next times its two and is measured against the same reference figure, so the
-    reference's median is identical in both, and each says so."""
-    config = EvalConfig(
+def pooled_on_the_cpu(reference_processes: int) -> EvalConfig:
+    """A quick CPU evaluator with a session reference pool of this many processes."""
+    return EvalConfig(
         device="cpu",
         warmup=2,
         flush_bytes=0,
@@ -560,9 +558,16 @@ def test_candidates_of_a_task_are_measured_against_one_reference_time_per_sessio
         timing_trials=5,
         timing_retries=0,
         max_speedup_cv=None,
-        reference_processes=3,
+        reference_processes=reference_processes,
         reference_tolerance=100.0,  # a loaded test machine must not make the range check decide
     )
+
+
+def test_candidates_of_a_task_are_measured_against_one_reference_time_per_session() -> None:
+    """End to end on the CPU: the first evaluation times pairs until the pool has three
+    processes; the next times its two and is measured against the same reference figure, so the
+    reference's median is identical in both, and each says so."""
+    config = pooled_on_the_cpu(reference_processes=3)
     task = Task(name="slow", code=C.SLOW_TASK)
     with Evaluator(config) as evaluator:
         first, second = (evaluator.evaluate(task, C.SLOW_TASK_FAST + f"\n# {n}\n") for n in range(2))
@@ -652,18 +657,7 @@ def test_a_burst_of_a_tasks_candidates_times_no_more_pairs_than_one_after_anothe
     """End to end on the CPU, three candidates of one task in flight together: all are measured
     against the one pooled reference figure, and together they time at most the pool's four
     processes plus two pairs each for the others (without promises each timed the whole pool)."""
-    config = EvalConfig(
-        device="cpu",
-        warmup=2,
-        flush_bytes=0,
-        speedup_recheck=None,
-        correctness_trials=1,
-        timing_trials=5,
-        timing_retries=0,
-        max_speedup_cv=None,
-        reference_processes=4,
-        reference_tolerance=100.0,  # a loaded test machine must not make the range check decide
-    )
+    config = pooled_on_the_cpu(reference_processes=4)
     task = Task(name="slow", code=C.SLOW_TASK)
     with Evaluator(config) as evaluator:
         futures = [evaluator.submit(task, C.SLOW_TASK_FAST + f"\n# {n}\n") for n in range(3)]
