@@ -187,6 +187,14 @@ MODES: dict[str, Mode] = {
             about="evaluate_batch, each task's reference time pooled over 4 fresh processes per session",
         ),
         Mode(
+            "pipeline-pool-pairs",
+            "batch",
+            {"reference_processes": 4, "timing_processes_max": 4},
+            needs_field="reference_processes",
+            about="evaluate_batch with the setting that met 2% at p90: a reference pool of 4 processes "
+            "and up to 4 pairs while the pairs disagree",
+        ),
+        Mode(
             "pipeline-six-slots",
             "batch",
             {"lane_slots": 6},
