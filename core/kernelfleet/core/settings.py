@@ -217,24 +217,24 @@ class EvaluationSettings(Settings):
     )
     timing_processes_max: int | None = Field(
         default=None,
-        ge=2,
+        ge=1,
         le=8,
         description="More fresh process pairs, up to this many in all, while the pairs' speedups (each "
         "pair's ratio of medians) spread by more than pair_tolerance, largest over smallest: a candidate "
-        "whose processes disagree is timed until their geometric mean has more processes under it, and "
-        "one whose pairs agree costs nothing more. One more starts only while timeout_seconds has room "
-        "for twice what a pair took. Needs timing_processes of 2 or more, and is at least that. Off by "
-        "default: side by side on the H200 (with launch_tolerance 0.04) a candidate whose "
-        "reference takes one of two modes per process still came 9% apart, since two pairs can agree on "
-        "either mode, for 2.7x the timing time; without it, on an H100, p90 4.58% against 4.5% for 18% "
-        "fewer evaluations per hour. With reference_processes 4, whose one reference figure leaves the "
-        "candidate's own spread to decide, re-timings on two H100s agreed within p90 1.04% and 1.09% "
-        "against 1.83% and 5.26% for the defaults (docs/evaluator.md). None: exactly timing_processes "
-        "pairs.",
+        "whose processes disagree is timed until their geometric mean has more processes under it, "
+        "and one whose pairs agree costs nothing more. One more starts only while timeout_seconds has"
+        " room for twice what a pair took. At least timing_processes; equal to it: exactly that many "
+        "pairs. Off by default (`kernelfleet eval serve` sets 4 unless told otherwise): side by side "
+        "on the H200 (with launch_tolerance 0.04) a candidate whose reference takes one of two modes "
+        "per process still came 9% apart, since two pairs can agree on either mode, for 2.7x the "
+        "timing time; without it, on an H100, p90 4.58% against 4.5% for 18% fewer evaluations per "
+        "hour. With reference_processes 4, whose one reference figure leaves the candidate's own "
+        "spread to decide, re-timings on two H100s agreed within p90 1.04% and 1.09% against 1.83% "
+        "and 5.26% for the defaults (docs/evaluator.md). None: exactly timing_processes pairs.",
     )
     reference_processes: int | None = Field(
         default=None,
-        ge=2,
+        ge=0,
         le=16,
         description="Make each task's reference time once per evaluator session: the geometric mean of its "
         "medians in this many fresh processes (a task's first evaluation times more process pairs until "
@@ -245,7 +245,10 @@ class EvaluationSettings(Settings):
         "cuDNN reference, whose time has two modes per process: 0.26% against 7.66%), and with "
         "timing_processes_max 4 as well within 1.04% and 1.09% on two H100s. On 16 candidates of 16 tasks "
         "it cost 18% of the evaluations per hour; it pays where many candidates share a task (RL, "
-        "optimisation rounds; docs/evaluator.md). None: each evaluation's own pairs.",
+        "optimisation rounds; docs/evaluator.md); with candidates in flight together, each brings its "
+        "own pairs to the pool, and 4 variants of each of 6 tasks cost nothing (1202 against 1173 per "
+        "GPU-hour). `kernelfleet eval serve` sets 4 unless told otherwise; 0 turns it off there. None: "
+        "each evaluation's own pairs, as 0.",
     )
     timeout_seconds: float = Field(
         default=300.0,
@@ -269,6 +272,16 @@ class EvaluationSettings(Settings):
     @property
     def memory_limit_bytes(self) -> int | None:
         return parse_bytes(self.memory_limit) if self.memory_limit else None
+
+    @field_validator("reference_processes")
+    @classmethod
+    def _a_pool_of_several(cls, value: int | None) -> int | None:
+        if value == 1:
+            raise ValueError(
+                "reference_processes 1 would pool a single process, which is what each evaluation's own "
+                "pairs already give: set 0 (off) or 2 and more"
+            )
+        return value
 
     @field_validator("timing_processes_max")
     @classmethod

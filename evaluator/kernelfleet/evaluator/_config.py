@@ -339,9 +339,9 @@ class EvalConfig(EvaluationSettings):
             suffix += ".localcpus"
         if self.launch_tolerance != defaults["launch_tolerance"].default:
             suffix += f".launch{self.launch_tolerance}"
-        if self.timing_processes_max is not None:
+        if self.timing_processes_max is not None and self.timing_processes_max > self.timing_processes:
             suffix += f".pairsmax{self.timing_processes_max}@{self.pair_tolerance}"
-        if self.reference_processes is not None:
+        if self.reference_processes:  # 0 is off, as None
             suffix += f".refpool{self.reference_processes}@{self.reference_tolerance}"
         return f"{EVALUATOR_VERSION}+{suffix}"
 

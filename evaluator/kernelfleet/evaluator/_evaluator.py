@@ -258,7 +258,7 @@ def another_pair(
         return True
     if config.timing_processes_max is None or len(answers) >= config.timing_processes_max:
         return False
-    pooled = config.reference_processes is not None
+    pooled = bool(config.reference_processes)
     ratios = [
         (1.0 if pooled else reference.median_ms) / candidate.median_ms
         for reference, candidate in (answer_timings(answer, keep=False) for answer in answers)
@@ -892,7 +892,7 @@ class Evaluator:
         if answer.get("reference_ms"):
             reference, candidate = answer_timings(answer, config.keep_samples)
         rechecked, spent = False, outcome.counted_s
-        pairs_wanted = config.timing_processes > 1 or config.reference_processes is not None
+        pairs_wanted = config.timing_processes > 1 or bool(config.reference_processes)
         if verdict == "correct" and speedup is not None and pairs_wanted:
             answers = [answer]
             size = config.reference_processes or 0

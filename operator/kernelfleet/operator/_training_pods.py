@@ -24,6 +24,7 @@ from typing import Any
 
 from kernelfleet.core.job_options import EVALUATION_OPTIONS
 from kernelfleet.core.resources import TrainingRunSpec, TrainingStage
+from kernelfleet.core.settings import EvaluationSettings
 from kernelfleet.operator._jobs import (
     LABEL_GPU_CLASS,
     LABEL_ROLE,
@@ -171,10 +172,23 @@ def eval_selector(owner: Owner, stage: str) -> dict[str, str]:
     return {owner.label: label_value(owner.name), LABEL_STAGE: label_value(stage), LABEL_ROLE: ROLE_EVAL}
 
 
+def served_settings(evaluation: EvaluationSettings) -> EvaluationSettings:
+    """The spec's evaluation settings with "off" spelled out where `kernelfleet eval serve` has a
+    default of its own (a reference pool, more pairs): a setting left off the command line would
+    get the service's default, and the cluster's rewards would differ from a local run of the same
+    spec, which evaluates in process with exactly these settings."""
+    return evaluation.model_copy(
+        update={
+            "reference_processes": evaluation.reference_processes or 0,
+            "timing_processes_max": evaluation.timing_processes_max or evaluation.timing_processes,
+        }
+    )
+
+
 def eval_command(spec: TrainingRunSpec) -> list[str]:
     """`kernelfleet eval serve` with every evaluation setting of the run's spec on its command line
     (the reward service is one long session over many candidates of each task: the case that
-    `referenceProcesses` pays for)."""
+    `referenceProcesses` pays for, which the TrainingRun example sets)."""
     return [
         "kernelfleet",
         "eval",
@@ -185,7 +199,7 @@ def eval_command(spec: TrainingRunSpec) -> list[str]:
         str(EVAL_PORT),
         "--token-file",
         f"{TOKEN_DIR}/{TOKEN_KEY}",
-        *EVALUATION_OPTIONS.argv(spec.evaluation),
+        *EVALUATION_OPTIONS.argv(served_settings(spec.evaluation)),
     ]
 
 

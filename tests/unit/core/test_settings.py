@@ -136,3 +136,11 @@ def test_more_pairs_than_always_timed_is_checked_where_users_set_it() -> None:
         ValueError, match=r"timing_processes_max \(2\) is below timing_processes \(3\): set it to 3"
     ):
         EvaluationSettings(timing_processes=3, timing_processes_max=2)
+
+
+def test_a_reference_pool_of_one_process_is_refused_and_zero_is_off() -> None:
+    """0 turns the pool off where a default turns it on (eval serve); 1 would pool a single
+    process, which says nothing an evaluation's own pairs do not: refused with the fix."""
+    assert EvaluationSettings(reference_processes=0).reference_processes == 0
+    with pytest.raises(ValueError, match=r"reference_processes 1 .* set 0 \(off\) or 2 and more"):
+        EvaluationSettings(reference_processes=1)

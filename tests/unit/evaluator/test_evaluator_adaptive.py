@@ -545,6 +545,7 @@ def test_pairs_are_timed_until_the_pool_is_full_while_the_timeout_has_room() -> 
     assert not another_pair(moved, most, 2.0)
     assert another_pair([pair_answer([1.0] * 3, [1.0] * 3), pair_answer([1.0] * 3, [1.05] * 3)], most, 2.0)
     assert another_pair(moved, most.model_copy(update={"reference_processes": None}), 2.0)
+    assert another_pair(moved, most.model_copy(update={"reference_processes": 0}), 2.0)  # 0: off
 
 
 def pooled_on_the_cpu(reference_processes: int) -> EvalConfig:

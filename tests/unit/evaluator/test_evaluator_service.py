@@ -172,3 +172,31 @@ def test_eval_serve_command_starts_and_answers(tmp_path: Path) -> None:
     finally:
         process.terminate()
         process.wait(60)
+
+
+def test_eval_serve_pools_references_unless_told_otherwise() -> None:
+    """A service is one long session over many candidates of each task: it pools each task's
+    reference over 4 processes and times up to 4 pairs where pairs disagree, unless a flag says
+    otherwise (`--reference-processes 0` turns the pool off); a one-shot `eval` does neither, and a
+    pool of one process is refused with the fix."""
+    import argparse
+
+    from kernelfleet.evaluator import cli as eval_cli
+
+    parser = argparse.ArgumentParser(prog="kernelfleet")
+    eval_cli.register(parser.add_subparsers())
+
+    def served(*flags: str) -> EvalConfig:
+        args = parser.parse_args(["eval", "serve", "--device", "cpu", *flags])
+        return eval_cli._config(args, eval_cli.SERVE_OPTIONS, eval_cli.SERVE_DEFAULTS)
+
+    default = served()
+    assert (default.reference_processes, default.timing_processes_max) == (4, 4)
+    assert "refpool4" in default.result_version and "pairsmax4" in default.result_version
+    off = served("--reference-processes", "0", "--timing-processes-max", "2")
+    assert off.reference_processes == 0 and ".refpool" not in off.result_version
+    assert ".pairsmax" not in off.result_version  # exactly timing_processes pairs, as unset
+    one_shot = eval_cli._config(parser.parse_args(["eval", "--device", "cpu"]), eval_cli.EVAL_OPTIONS)
+    assert (one_shot.reference_processes, one_shot.timing_processes_max) == (None, None)
+    with pytest.raises(SystemExit):
+        served("--reference-processes", "1")

@@ -14,9 +14,11 @@ from kernelfleet.operator._training_pods import (
     EXIT_USAGE,
     TOKEN_ENV,
     deployment_ready,
+    eval_command,
     eval_deployment,
     eval_service,
     eval_token,
+    served_settings,
     stage_command,
     stage_job,
     token_secret,
@@ -192,10 +194,23 @@ def test_the_evaluation_service_gets_every_evaluation_setting_of_the_spec() -> N
     parser = argparse.ArgumentParser(prog="kernelfleet")
     eval_cli.register(parser.add_subparsers())
     args = parser.parse_args(command[1:])
-    served = eval_cli.SERVE_OPTIONS.build_from(eval_cli.SERVE_OPTIONS.given(args))
+    served = eval_cli._config(args, eval_cli.SERVE_OPTIONS, eval_cli.SERVE_DEFAULTS)
     for field in EvaluationSettings.model_fields:
-        assert getattr(served, field) == getattr(run.evaluation, field), field
+        assert getattr(served, field) == getattr(served_settings(run.evaluation), field), field
     assert served.reference_processes == 4 and served.require_kernel is True
+    # timingProcessesMax left out of the spec: exactly timing_processes pairs, as a local run
+    # evaluates, not the service's own default of 4; the same result-cache key as well.
+    assert served.timing_processes_max == served.timing_processes == 2
+    assert ".pairsmax" not in served.result_version
+
+
+def test_a_spec_without_a_reference_pool_turns_the_services_pool_off() -> None:
+    """`kernelfleet eval serve` pools references by default; a TrainingRun whose spec sets no pool
+    gets `--reference-processes 0`, so that its cluster rewards match a local run's."""
+    run = resolved_spec(spec(), RunRef(OWNER.namespace, OWNER.name, OWNER.uid))
+    command = eval_command(run)
+    assert command[command.index("--reference-processes") + 1] == "0"
+    assert command[command.index("--timing-processes-max") + 1] == str(run.evaluation.timing_processes)
 
 
 def test_a_token_secret_named_in_the_spec_is_used_as_is() -> None:
