@@ -257,9 +257,13 @@ class Session:
             model.eval()
         return model
 
-    def inputs(self, seed: int) -> list[Any]:
+    def made_inputs(self, seed: int) -> list[Any]:
+        """The task's inputs for `seed`, where `get_inputs` made them (mostly the host)."""
         G.manual_seed(seed)
-        return list(to_device(list(self.ref_mod.get_inputs()), self.device))
+        return list(self.ref_mod.get_inputs())
+
+    def inputs(self, seed: int) -> list[Any]:
+        return list(to_device(self.made_inputs(seed), self.device))
 
     def call(self, model: Any, inputs: list[Any], seed: int) -> Any:
         G.manual_seed(seed)

@@ -30,6 +30,7 @@ from kernelfleet.evaluator._outputs import (
     has_poison,
     identical,
     leaves,
+    to_device,
 )
 from kernelfleet.evaluator._timing import InputBank, _Clock, clock_for, launch_level_us, pin_timing_thread
 from kernelfleet.evaluator._wire import Channel, ChannelClosed, MalformedTensors, read_tree, write_tree
@@ -91,11 +92,15 @@ class JudgeSession:
         }
 
     def make_inputs(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Fresh inputs for one call, written for the candidate where `get_inputs` made them: a
+        host tensor crosses without a copy to the device and one back. Answers their size, by
+        which the evaluation decides whether the next set may be made while the candidate calls."""
         name = str(request["name"])
-        inputs = self.session.inputs(int(request["seed"]))
-        write_tree(self.path(name), inputs)
-        self.inputs[name] = inputs
-        return {}
+        made = self.session.made_inputs(int(request["seed"]))
+        write_tree(self.path(name), made)
+        self.inputs[name] = list(to_device(made, self.session.device))
+        tensors = [t for t in leaves(made) if isinstance(t, torch.Tensor)]
+        return {"bytes": sum(t.numel() * t.element_size() for t in tensors)}
 
     def read_candidate(self, name: str) -> Any:
         """The candidate's output, or a Stop-like answer when the file lies or is misplaced."""

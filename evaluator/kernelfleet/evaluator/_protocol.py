@@ -9,7 +9,8 @@ does, one request at a time:
 1. the judge loads the reference and writes the init inputs; the candidate imports ModelNew;
 2. each correctness trial: the judge writes fresh inputs, the candidate calls ModelNew on a
    copy and writes its output, the judge compares it with the reference's output on its own
-   copy (then the cache probe, then one traced call);
+   copy (then the cache probe, then one traced call); the judge makes the next call's inputs
+   while the candidate calls, where scratch permits;
 3. timing, with the device's timing lane held: both sides load the same input bank; each round
    this process draws the inputs, the perturbation, the seed and the order, and asks each side
    in turn to time its call (short calls after an untimed primer call on the last round's
@@ -171,6 +172,12 @@ class Evaluation:
         self.ref_low: dict[str, list[str]] = {}
         self.ref_compute: set[str] | None = None
         self.names = 0
+        # Input sets: the judge may make the next call's inputs while the candidate runs this
+        # one (see `_inputs`); `judge_owes` counts its answers not yet read.
+        self.ahead: str | None = None
+        self.input_bytes: int | None = None
+        self.output_bytes = 0
+        self.judge_owes = 0
 
     # ------------------------------------------------------------ plumbing
 
@@ -272,17 +279,37 @@ class Evaluation:
             raise _Cancelled() from None
 
     def ask_judge(self, message: dict[str, Any]) -> dict[str, Any]:
+        self._settle_judge()
+        with self._gpu_step(message):
+            self._post_judge(message)
+            return self._settle_judge()
+
+    def _post_judge(self, message: dict[str, Any]) -> None:
+        """Send the judge a request whose answer `_settle_judge` reads (later, for a request
+        made while the candidate works)."""
         assert self.judge is not None
         try:
-            with self._gpu_step(message):
-                self.judge.channel.send(message)
-                answer = self._receive(self.judge)
+            self.judge.channel.send(message)
         except (ChannelClosed, OSError):
             self.judge.wait(2)
             raise _JudgeFailed(f"the judge's process {self.judge.exit_description}") from None
-        except ProtocolError as error:
-            raise _JudgeFailed(f"the judge answered with an invalid message: {error}") from None
-        return self._judge_answer(answer)
+        self.judge_owes += 1
+
+    def _settle_judge(self) -> dict[str, Any]:
+        """Read every answer the judge owes, in order; the last one (empty when none was owed)."""
+        assert self.judge is not None
+        answer: dict[str, Any] = {}
+        while self.judge_owes:
+            try:
+                raw = self._receive(self.judge)
+            except (ChannelClosed, OSError):
+                self.judge.wait(2)
+                raise _JudgeFailed(f"the judge's process {self.judge.exit_description}") from None
+            except ProtocolError as error:
+                raise _JudgeFailed(f"the judge answered with an invalid message: {error}") from None
+            self.judge_owes -= 1
+            answer = self._judge_answer(raw)
+        return answer
 
     def _judge_answer(self, answer: dict[str, Any]) -> dict[str, Any]:
         if "error" in answer:
@@ -298,12 +325,17 @@ class Evaluation:
             )
         return answer
 
-    def ask(self, message: dict[str, Any]) -> dict[str, Any]:
+    def ask(
+        self, message: dict[str, Any], *, judge_meanwhile: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         """One request to the candidate's process; its reasons and settings are collected, a
-        `stop` it reports ends the evaluation with that verdict."""
+        `stop` it reports ends the evaluation with that verdict. `judge_meanwhile` goes to the
+        judge at the same time (its answer is read by the next `ask_judge`)."""
         assert self.cand is not None
         try:
             with self._gpu_step(message):
+                if judge_meanwhile is not None:
+                    self._post_judge(judge_meanwhile)
                 self.cand.channel.send(message)
                 answer = self._receive(self.cand)
         except (ChannelClosed, OSError):
@@ -457,6 +489,7 @@ class Evaluation:
         if "reference_error" in setup:
             return {"status": "reference-error", "error": str(setup["reference_error"])}
         self._merge_stages(setup)
+        self.output_bytes = sum(int(spec[2]) for spec in setup.get("specs", []))
         self.dtypes = [str(d) for d in setup.get("dtypes", [])]
         self.ref_low = dict(setup.get("ref_low") or {})
         ops = setup.get("ref_compute_ops")
@@ -510,11 +543,35 @@ class Evaluation:
 
     # ------------------------------------------------------------ correctness
 
+    def _inputs(self, stem: str) -> str:
+        """A fresh input set for the candidate's next call: the one the judge made during its
+        last call, or one made now."""
+        self._settle_judge()
+        if self.ahead is not None:
+            name, self.ahead = self.ahead, None
+            return name
+        name = self.name(stem)
+        made = self.ask_judge({"op": "inputs", "seed": self.rng.getrandbits(31), "name": name})
+        self.input_bytes = made.get("bytes") if isinstance(made.get("bytes"), int) else None
+        return name
+
+    def _inputs_meanwhile(self) -> dict[str, Any] | None:
+        """The judge's request for the next call's inputs, to be made while the candidate runs
+        this call, or None when two sets and an output might not fit the candidate's scratch
+        (there they wait their turn, as before). The judge is otherwise idle while the candidate
+        calls, and for large inputs (40 of the 248 v0 tasks make more than 50 MB) making them
+        is a third of a correctness call."""
+        sets = None if self.input_bytes is None else 2 * self.input_bytes + self.output_bytes
+        if sets is None or sets > self.config.scratch_bytes // 4:
+            return None
+        self.ahead = self.name("in")
+        return {"op": "inputs", "seed": self.rng.getrandbits(31), "name": self.ahead}
+
     def _call(self, stage: str, *, refill: bool = False, kind: str = "trial") -> dict[str, Any]:
-        """Fresh inputs from the judge, a call in the candidate, the judge's comparison."""
-        seed_in, seed_call = self.rng.getrandbits(31), self.rng.getrandbits(31)
-        inputs, output = self.name("in"), self.name("out")
-        self.ask_judge({"op": "inputs", "seed": seed_in, "name": inputs})
+        """Fresh inputs from the judge, a call in the candidate, the judge's comparison; the
+        judge makes the next call's inputs while the candidate calls (`_inputs_meanwhile`)."""
+        inputs, output = self._inputs("in"), self.name("out")
+        seed_call = self.rng.getrandbits(31)
         self.ask(
             {
                 "op": "call",
@@ -523,7 +580,8 @@ class Evaluation:
                 "output": output,
                 "stage": stage,
                 "refill": refill,
-            }
+            },
+            judge_meanwhile=self._inputs_meanwhile(),
         )
         self._forward_settings()
         return self.ask_judge(
@@ -600,9 +658,8 @@ class Evaluation:
             )
 
     def _traced(self, stem: str) -> tuple[dict[str, Any] | None, str, str, str, int]:
-        seed_in, seed_call = self.rng.getrandbits(31), self.rng.getrandbits(31)
-        inputs, output = self.name(stem), self.name(f"{stem}-out")
-        self.ask_judge({"op": "inputs", "seed": seed_in, "name": inputs})
+        inputs, output = self._inputs(stem), self.name(f"{stem}-out")
+        seed_call = self.rng.getrandbits(31)
         answer = self.ask({"op": "traced", "inputs": inputs, "seed": seed_call, "output": output})
         trace = answer.get("trace")
         if trace is not None and not isinstance(trace, dict):
@@ -700,9 +757,7 @@ class Evaluation:
                 )
         if self.config.device != "cpu":
             declared = declared_kernels(self.code)
-            inputs = self.name("kernels")
-            self.ask_judge({"op": "inputs", "seed": self.rng.getrandbits(31), "name": inputs})
-            answer = self.ask({"op": "kernels", "inputs": inputs})
+            answer = self.ask({"op": "kernels", "inputs": self._inputs("kernels")})
             ran = answer.get("kernels")
             if ran is None:
                 self.reasons.append(

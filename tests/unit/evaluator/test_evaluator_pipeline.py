@@ -294,3 +294,69 @@ def test_a_candidate_that_tampers_with_its_exchange_files_changes_no_verdict() -
         result = evaluator.evaluate(Task(name="large-inputs", code=LARGE_INPUTS_TASK), HOARDING_CANDIDATE)
     assert result.verdict == Verdict.CORRECT, (result.reasons, result.log)
     assert result.candidate is not None
+
+
+SEES_THE_NEXT_INPUTS = """
+import os
+import tempfile
+import time
+
+import torch.nn as nn
+
+_XCHG = os.path.join(tempfile.gettempdir(), "xchg")
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        time.sleep(0.5)  # room for the judge to finish the next set
+        sets = [name for name in os.listdir(_XCHG) if name.startswith("in-")]
+        raise RuntimeError(f"input sets: {len(sets)}")  # a runtime error's reason says it
+"""
+
+
+def test_the_judge_makes_the_next_inputs_while_the_candidate_calls() -> None:
+    """The judge is idle while the candidate calls, and making inputs is a third of a correctness
+    call on tasks with large inputs: the next call's set is made meanwhile, so a call sees its
+    own set and the next one in the exchange directory. Scratch permitting: with a 32 MiB
+    scratch, these 4 MiB sets wait their turn, as before."""
+    task = Task(name="large-inputs", code=LARGE_INPUTS_TASK)
+    config = EvalConfig(**ONE_BATCH, lane_slots=1, compile_workers=1, timing=False)
+    seen = {}
+    for arm, scratch in (("ahead", config.scratch_bytes), ("in turn", 32 * 1024**2)):
+        with Evaluator(config.model_copy(update={"scratch_bytes": scratch})) as evaluator:
+            result = evaluator.evaluate(task, SEES_THE_NEXT_INPUTS)
+        assert result.verdict == Verdict.RUNTIME_ERROR, result.reasons
+        seen[arm] = " ".join(result.reasons)
+    assert "input sets: 2" in seen["ahead"], seen
+    assert "input sets: 1" in seen["in turn"], seen
+
+
+DIES_ON_ITS_THIRD_CALL = """
+import os
+
+import torch.nn as nn
+
+_CALLS = [0]
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        _CALLS[0] += 1
+        if _CALLS[0] == 3:
+            os._exit(3)  # while the judge makes the next call's inputs
+        return x + x
+"""
+
+
+def test_a_candidate_dying_while_the_judge_makes_inputs_is_crashed_and_the_next_is_judged() -> None:
+    """The judge's answer for inputs made meanwhile is still owed when the candidate dies: the
+    verdict is the candidate's (crashed), and the evaluator goes on to judge the next one."""
+    task = Task(name="large-inputs", code=LARGE_INPUTS_TASK)
+    config = EvalConfig(
+        **{**ONE_BATCH, "correctness_trials": 4}, lane_slots=1, compile_workers=1, timing=False
+    )
+    with Evaluator(config) as evaluator:
+        died = evaluator.evaluate(task, DIES_ON_ITS_THIRD_CALL)
+        honest = evaluator.evaluate(task, LARGE_INPUTS_CANDIDATE)
+    assert died.verdict == Verdict.RUNTIME_ERROR and any("crashed" in r for r in died.reasons), died.reasons
+    assert honest.verdict == Verdict.CORRECT, (honest.reasons, honest.log)
