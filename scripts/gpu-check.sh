@@ -16,6 +16,8 @@
 #   `mkdir -p .kb && git -C <KernelBench checkout> archive HEAD src/kernelbench LICENSE | tar -x -C .kb`.
 #   Its before-pipeline mode runs the evaluator of commit 777a4df (before the pipeline) from .old,
 #   an ignored folder carried along: `mkdir -p .old && git archive 777a4df | tar -x -C .old`.
+#   CROSSING_PROBE (task selections) runs benchmarks/input_crossing.py first: correctness time on
+#   large inputs, this tree against .old (see the --reward branch below).
 #   GPU_TESTS (pytest node ids) runs those GPU tests first, and CLOCKS_PROBE (a list of the
 #   evaluator's clocks) benchmarks/idle_clock.py --clocks
 #   (with --idle: alone). PLACEMENT_PROBE (a list of tasks, e.g. 2:33,2:22) runs
@@ -147,6 +149,13 @@ elif [[ $REWARD == 1 ]]; then
   # process, quiet, with the other CPUs busy, quiet again; about 3 s per task and phase).
   [[ -n "${HOST_LOAD_PROBE:-}" ]] && step host-load-probe python3 benchmarks/host_load_probe.py \
     --tasks "$HOST_LOAD_PROBE" --out "$RESULTS" ${GPU_CHECK_TAG:+--tag "$GPU_CHECK_TAG"}
+  # CROSSING_PROBE (task selections, e.g. "kernelbench-v0:1:36 kernelbench-v0:1:46"): correctness
+  # time on large inputs, this tree against the one exported in .old (benchmarks/input_crossing.py;
+  # make it with `git archive 53f88a5 | tar -x -C .old` for the tree before 0.8.5's input crossing).
+  # shellcheck disable=SC2086
+  [[ -n "${CROSSING_PROBE:-}" ]] && step input-crossing python3 benchmarks/input_crossing.py \
+    --before .old --device cuda:0 --tasks $CROSSING_PROBE --repeats "${CROSSING_REPEATS:-2}" --out "$RESULTS" \
+    ${GPU_CHECK_TAG:+--tag "$GPU_CHECK_TAG"}
   # REWARD_SKIP=1: the probes above alone.
   [[ -z "${REWARD_SKIP:-}" ]] && step reward-bench python3 benchmarks/reward_service.py "${REWARD_ARGS[@]}"
 elif [[ $QUICK == 1 ]]; then
