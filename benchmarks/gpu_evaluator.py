@@ -113,6 +113,16 @@ def commit() -> str:
         return "unknown"
 
 
+def tree_env(tree: Path) -> dict[str, str]:
+    """The environment of a process that runs `tree`'s kernelfleet (an exported older commit, or
+    this tree): that tree first on PYTHONPATH in place of this one; other entries (the GPU
+    machine's carried wheels) stay."""
+    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    others = [p for p in inherited if not Path(p).resolve().is_relative_to(ROOT)]
+    paths = [str(tree / part) for part in ("core", "evaluator", "search")] + others
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+
+
 class UtilizationSampler:
     """Samples nvidia-smi's GPU utilisation and SM clock twice a second while a part runs (a GPU
     idle between timed calls may clock down, which stretches short kernels)."""

@@ -62,10 +62,11 @@ def child(tasks: list[str], device: str, trials: int) -> None:
 
 
 def run_arm(tree: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
-    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    others = [p for p in inherited if not Path(p).resolve().is_relative_to(ROOT)]
-    paths = [str(tree / part) for part in ("core", "evaluator", "search")] + others
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+    # Imported here, in the parent: the module puts this tree on sys.path, which in a child
+    # would shadow the tree under test.
+    from gpu_evaluator import tree_env
+
+    env = tree_env(tree)
     command = [sys.executable, __file__, "--child", "--device", args.device, "--trials", str(args.trials)]
     command += ["--tasks", *args.tasks]
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
@@ -76,18 +77,14 @@ def run_arm(tree: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def environment(device: str) -> dict[str, Any]:
     import torch
+    from gpu_evaluator import commit
 
-    commit = (
-        os.environ.get("KERNELFLEET_COMMIT")
-        or subprocess.run(
-            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=False,
-        ).stdout.strip()
-    )
     name = torch.cuda.get_device_name(0) if device.startswith("cuda") else f"CPU ({os.cpu_count()} cores)"
-    return {"device": name, "torch": torch.__version__, "commit": commit, "cpus": os.cpu_count()}
+    return {"device": name, "torch": torch.__version__, "commit": commit()[:12], "cpus": os.cpu_count()}
+
+
+def median_text(entry: dict[str, Any], key: str) -> str:
+    return f"{statistics.median(entry[key]):.2f}" if entry.get(key) else "-"
 
 
 def main() -> int:
@@ -117,10 +114,12 @@ def main() -> int:
     summary: dict[str, dict[str, Any]] = {}
     for name, repeats in runs.items():
         for row in (r for rows in repeats for r in rows):
-            entry = summary.setdefault(row["task"], {}).setdefault(name, {"correctness": [], "seconds": []})
+            entry = summary.setdefault(row["task"], {}).setdefault(
+                name, {"correctness": [], "seconds": [], "verdicts": []}
+            )
             entry["correctness"].append(row["stages"].get("correctness", 0.0))
             entry["seconds"].append(row["seconds"])
-            entry.setdefault("verdicts", []).append(row["verdict"])
+            entry["verdicts"].append(row["verdict"])
     report = {"environment": environment(args.device), "trials": args.trials, "tasks": summary}
     day = datetime.date.today().isoformat()
     stem = Path(args.out) / f"input_crossing-{day}{'-' + args.tag if args.tag else ''}"
@@ -138,14 +137,10 @@ def main() -> int:
     ]
     for task, arms_seen in summary.items():
         b, n = arms_seen.get("before", {}), arms_seen.get("this tree", {})
-
-        def med(entry: dict[str, Any], key: str) -> str:
-            return f"{statistics.median(entry[key]):.2f}" if entry.get(key) else "-"
-
         verdicts = sorted(set(b.get("verdicts", []) + n.get("verdicts", [])))
         lines.append(
-            f"| {task} | {med(b, 'correctness')} | {med(n, 'correctness')} | {med(b, 'seconds')} | "
-            f"{med(n, 'seconds')} | {', '.join(verdicts)} |"
+            f"| {task} | {median_text(b, 'correctness')} | {median_text(n, 'correctness')} | "
+            f"{median_text(b, 'seconds')} | {median_text(n, 'seconds')} | {', '.join(verdicts)} |"
         )
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print(f"wrote {stem}.json and {stem}.md")

@@ -85,7 +85,7 @@ for part in ("core", "evaluator"):
     if str(ROOT / part) not in sys.path:
         sys.path.insert(0, str(ROOT / part))
 
-from gpu_evaluator import UtilizationSampler, commit  # noqa: E402
+from gpu_evaluator import UtilizationSampler, commit, tree_env  # noqa: E402
 
 from kernelfleet.core import reasons as R  # noqa: E402
 from kernelfleet.core.errors import EvaluationCancelled  # noqa: E402
@@ -562,12 +562,7 @@ def run_old_mode(
     work = Path(tempfile.mkdtemp(prefix="kf-reward-old-"))
     manifest, results_path = work / "manifest.jsonl", work / "results.jsonl"
     manifest.write_text("".join(json.dumps({"task": n, "code": code}) + "\n" for _, code, n in workload))
-    old = Path(args.old_tree).resolve()
-    # The old tree in place of this one; other entries stay (the GPU machine's carried wheels).
-    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    others = [p for p in inherited if not Path(p).resolve().is_relative_to(ROOT)]
-    paths = [str(old / p) for p in ("core", "evaluator", "search")] + others
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+    env = tree_env(Path(args.old_tree).resolve())
     device = "cuda" if args.device.startswith("cuda") else args.device
     command = [sys.executable, str(OLD_RUNNER), "--manifest", str(manifest), "--results", str(results_path)]
     command += ["--device", device, "--trials", str(args.trials), "--max-seconds", str(bound)]
