@@ -32,6 +32,7 @@ import dataclasses
 import math
 import os
 import random
+import secrets
 import statistics
 import threading
 import time
@@ -391,8 +392,11 @@ class Evaluation:
             self.forwarded.update(new)
 
     def name(self, stem: str) -> str:
+        """A fresh exchange-file name. The candidate owns the exchange directory: a name it could
+        guess, it could take first, and the judge's write (never through an existing name) would
+        fail as the judge's own error; a random part leaves it nothing to plant."""
         self.names += 1
-        return f"{stem}-{self.names}"
+        return f"{stem}-{self.names}-{secrets.token_hex(6)}"
 
     @contextlib.contextmanager
     def stage(self, name: str) -> Any:
@@ -786,7 +790,7 @@ class Evaluation:
         # Both sides time with the same flush and, when pinned, on the same CPU.
         timing = {
             "op": "bank",
-            "prefix": "bank",
+            "prefix": self.name("bank"),  # unguessable, as every exchange name (see `name`)
             "flush_bytes": config.resolved_flush_bytes(config.device != "cpu"),
             "cpu": self.timing_cpu,
             "clock": config.timing_clock,

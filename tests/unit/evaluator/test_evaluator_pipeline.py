@@ -360,3 +360,37 @@ def test_a_candidate_dying_while_the_judge_makes_inputs_is_crashed_and_the_next_
         honest = evaluator.evaluate(task, LARGE_INPUTS_CANDIDATE)
     assert died.verdict == Verdict.RUNTIME_ERROR and any("crashed" in r for r in died.reasons), died.reasons
     assert honest.verdict == Verdict.CORRECT, (honest.reasons, honest.log)
+
+
+PLANTS_EXCHANGE_NAMES = """
+import os
+import tempfile
+
+import torch.nn as nn
+
+_XCHG = os.path.join(tempfile.gettempdir(), "xchg")
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        # Hostile: take first every name the judge might write next (the judge never writes
+        # through an existing name), hoping its write fails as the judge's own error.
+        for index in range(1, 80):
+            for stem in ("in", "out", "traced", "traced-out", "kernels", "bank", "round"):
+                for name in (f"{stem}-{index}", f"{stem}-{index - 1}"):
+                    try:
+                        open(os.path.join(_XCHG, name), "x").close()
+                    except OSError:
+                        pass
+        return x + x
+"""
+
+
+def test_a_candidate_that_plants_exchange_names_changes_no_verdict() -> None:
+    """Exchange names carry a random part, so a candidate cannot take the judge's next name first:
+    the honest arithmetic is judged correct and timed, not failed as a judge error."""
+    config = EvalConfig(**{**ONE_BATCH, "correctness_trials": 3}, lane_slots=1, compile_workers=1)
+    with Evaluator(config) as evaluator:
+        result = evaluator.evaluate(Task(name="large-inputs", code=LARGE_INPUTS_TASK), PLANTS_EXCHANGE_NAMES)
+    assert result.verdict == Verdict.CORRECT, (result.reasons, result.log)
+    assert result.candidate is not None
