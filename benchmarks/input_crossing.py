@@ -87,6 +87,33 @@ def median_text(entry: dict[str, Any], key: str) -> str:
     return f"{statistics.median(entry[key]):.2f}" if entry.get(key) else "-"
 
 
+PARTS = ("correctness_", "judge_")  # the parts of correctness an evaluation reports (from 5 Dec 2026 on)
+
+
+def parts_table(summary: dict[str, dict[str, Any]]) -> list[str]:
+    """Where the correctness time goes, per task and arm (median seconds over repeats); an arm
+    whose evaluator reports no parts (an older tree) is left out."""
+    names = sorted({p for arms in summary.values() for e in arms.values() for p in e.get("parts", {})})
+    if not names:
+        return []
+    lines = [
+        "",
+        "Correctness in parts (median s): `correctness_*` as the evaluation waited for them (inputs not "
+        "made ahead, the candidate's calls, the judge's comparisons); `judge_*` the judge's own work "
+        "(`judge_compare` includes `judge_reference` and `judge_output_read`).",
+        "",
+        "| task | arm | " + " | ".join(names) + " |",
+        "| --- | --- | " + " | ".join("---" for _ in names) + " |",
+    ]
+    for task, arms_seen in summary.items():
+        for arm, entry in arms_seen.items():
+            parts = entry.get("parts")
+            if parts:
+                cells = [f"{statistics.median(parts[n]):.2f}" if n in parts else "-" for n in names]
+                lines.append(f"| {task} | {arm} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--before", type=Path, help="the earlier tree (git archive REV | tar -x -C DIR)")
@@ -120,6 +147,9 @@ def main() -> int:
             entry["correctness"].append(row["stages"].get("correctness", 0.0))
             entry["seconds"].append(row["seconds"])
             entry["verdicts"].append(row["verdict"])
+            for part, seconds in row["stages"].items():
+                if part.startswith(PARTS):
+                    entry.setdefault("parts", {}).setdefault(part, []).append(seconds)
     report = {"environment": environment(args.device), "trials": args.trials, "tasks": summary}
     day = datetime.date.today().isoformat()
     stem = Path(args.out) / f"input_crossing-{day}{'-' + args.tag if args.tag else ''}"
@@ -142,6 +172,7 @@ def main() -> int:
             f"| {task} | {median_text(b, 'correctness')} | {median_text(n, 'correctness')} | "
             f"{median_text(b, 'seconds')} | {median_text(n, 'seconds')} | {', '.join(verdicts)} |"
         )
+    lines += parts_table(summary)
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print(f"wrote {stem}.json and {stem}.md")
     return 0

@@ -150,11 +150,12 @@ elif [[ $REWARD == 1 ]]; then
   [[ -n "${HOST_LOAD_PROBE:-}" ]] && step host-load-probe python3 benchmarks/host_load_probe.py \
     --tasks "$HOST_LOAD_PROBE" --out "$RESULTS" ${GPU_CHECK_TAG:+--tag "$GPU_CHECK_TAG"}
   # CROSSING_PROBE (task selections, e.g. "kernelbench-v0:1:36 kernelbench-v0:1:46"): correctness
-  # time on large inputs, this tree against the one exported in .old (benchmarks/input_crossing.py;
-  # make it with `git archive 53f88a5 | tar -x -C .old` for the tree before 0.8.5's input crossing).
+  # time on large inputs, this tree against the one exported in CROSSING_BEFORE (default .old;
+  # benchmarks/input_crossing.py; make it with `git archive 53f88a5 | tar -x -C .old-crossing` for the
+  # tree before 0.8.5's input crossing, so that .old can keep 777a4df for before-pipeline).
   # shellcheck disable=SC2086
   [[ -n "${CROSSING_PROBE:-}" ]] && step input-crossing python3 benchmarks/input_crossing.py \
-    --before .old --device cuda:0 --tasks $CROSSING_PROBE --repeats "${CROSSING_REPEATS:-2}" --out "$RESULTS" \
+    --before "${CROSSING_BEFORE:-.old}" --device cuda:0 --tasks $CROSSING_PROBE --repeats "${CROSSING_REPEATS:-2}" --out "$RESULTS" \
     ${GPU_CHECK_TAG:+--tag "$GPU_CHECK_TAG"}
   # REWARD_SKIP=1: the probes above alone.
   [[ -z "${REWARD_SKIP:-}" ]] && step reward-bench python3 benchmarks/reward_service.py "${REWARD_ARGS[@]}"

@@ -95,12 +95,22 @@ class JudgeSession:
         """Fresh inputs for one call, written for the candidate where `get_inputs` made them: a
         host tensor crosses without a copy to the device and one back. Answers their size, by
         which the evaluation decides whether the next set may be made while the candidate calls."""
-        name = str(request["name"])
-        made = self.session.made_inputs(int(request["seed"]))
-        write_tree(self.path(name), made)
-        self.inputs[name] = list(to_device(made, self.session.device))
+        name, s = str(request["name"]), self.session
+        with s.stage("judge_inputs_make"):
+            made = s.made_inputs(int(request["seed"]))
+        with s.stage("judge_inputs_write"):
+            write_tree(self.path(name), made)
+        with s.stage("judge_inputs_device"):
+            self.inputs[name] = list(to_device(made, s.device))
+            s.sync()
         tensors = [t for t in leaves(made) if isinstance(t, torch.Tensor)]
-        return {"bytes": sum(t.numel() * t.element_size() for t in tensors)}
+        return {"bytes": sum(t.numel() * t.element_size() for t in tensors), **self.crossing()}
+
+    def crossing(self) -> dict[str, Any]:
+        """The judge's own seconds so far on each part of the correctness calls (making,
+        writing and placing inputs; reading the candidate's output, the reference's call, the
+        comparison): where a large-input task's correctness time goes."""
+        return {"judge_stages": {k: v for k, v in self.session.stages.items() if k.startswith("judge_")}}
 
     def read_candidate(self, name: str) -> Any:
         """The candidate's output, or a Stop-like answer when the file lies or is misplaced."""
@@ -111,7 +121,9 @@ class JudgeSession:
 
     def compare(self, request: dict[str, Any]) -> dict[str, Any]:
         try:
-            return self._compare(request)
+            with self.session.stage("judge_compare"):  # judge_reference and judge_output_read too
+                answer = self._compare(request)
+            return {**answer, **self.crossing()}
         finally:
             self.discard(str(request["inputs"]), str(request["output"]))
 
@@ -128,8 +140,11 @@ class JudgeSession:
         inputs = self.inputs.pop(str(request["inputs"]))
         seed = int(request["seed"])
         stage = str(request.get("stage", "a call"))
-        out_r = s.reference_output(inputs, seed)
-        out_c, wrong = self.read_candidate(str(request["output"]))
+        with s.stage("judge_reference"):
+            out_r = s.reference_output(inputs, seed)
+        with s.stage("judge_output_read"):
+            out_c, wrong = self.read_candidate(str(request["output"]))
+            s.sync()
         if wrong:
             return {
                 "ok": False,

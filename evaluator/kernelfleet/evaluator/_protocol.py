@@ -165,6 +165,7 @@ class Evaluation:
         self.flag_values: dict[str, Any] = {}
         self.forwarded: set[str] = set()
         self.stages: dict[str, float] = {}
+        self.judge_stages: dict[str, float] = {}  # the judge's parts of correctness (_note_crossing)
         self.max_abs_error: float | None = None
         self.judge: SandboxChild | None = None
         self.cand: SandboxChild | None = None
@@ -310,7 +311,17 @@ class Evaluation:
                 raise _JudgeFailed(f"the judge answered with an invalid message: {error}") from None
             self.judge_owes -= 1
             answer = self._judge_answer(raw)
+            self._note_crossing(answer)
         return answer
+
+    def _note_crossing(self, answer: dict[str, Any]) -> None:
+        """The judge's running totals of its parts of the correctness calls (`JudgeSession.crossing`),
+        kept to report beside this side's own (`_call`)."""
+        stages = answer.get("judge_stages")
+        if isinstance(stages, dict):
+            self.judge_stages = {
+                k: float(v) for k, v in stages.items() if isinstance(k, str) and isinstance(v, int | float)
+            }
 
     def _judge_answer(self, answer: dict[str, Any]) -> dict[str, Any]:
         if "error" in answer:
@@ -541,7 +552,7 @@ class Evaluation:
             "reasons": self.reasons,
             "max_abs_error": self.max_abs_error,
             "settings": dict(self.settings),
-            "stages": self.stages,
+            "stages": {**self.stages, **self.judge_stages},
             **timing,
         }
 
@@ -574,30 +585,33 @@ class Evaluation:
     def _call(self, stage: str, *, refill: bool = False, kind: str = "trial") -> dict[str, Any]:
         """Fresh inputs from the judge, a call in the candidate, the judge's comparison; the
         judge makes the next call's inputs while the candidate calls (`_inputs_meanwhile`)."""
-        inputs, output = self._inputs("in"), self.name("out")
+        with self.stage("correctness_inputs"):  # what the candidate waits for them
+            inputs, output = self._inputs("in"), self.name("out")
         seed_call = self.rng.getrandbits(31)
-        self.ask(
-            {
-                "op": "call",
-                "inputs": inputs,
-                "seed": seed_call,
-                "output": output,
-                "stage": stage,
-                "refill": refill,
-            },
-            judge_meanwhile=self._inputs_meanwhile(),
-        )
+        with self.stage("correctness_calls"):
+            self.ask(
+                {
+                    "op": "call",
+                    "inputs": inputs,
+                    "seed": seed_call,
+                    "output": output,
+                    "stage": stage,
+                    "refill": refill,
+                },
+                judge_meanwhile=self._inputs_meanwhile(),
+            )
         self._forward_settings()
-        return self.ask_judge(
-            {
-                "op": "compare",
-                "inputs": inputs,
-                "output": output,
-                "seed": seed_call,
-                "stage": stage,
-                "kind": kind,
-            }
-        )
+        with self.stage("correctness_compare"):
+            return self.ask_judge(
+                {
+                    "op": "compare",
+                    "inputs": inputs,
+                    "output": output,
+                    "seed": seed_call,
+                    "stage": stage,
+                    "kind": kind,
+                }
+            )
 
     def _note_error(self, value: Any) -> None:
         if isinstance(value, int | float):

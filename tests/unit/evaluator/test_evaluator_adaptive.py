@@ -138,6 +138,10 @@ def test_a_real_cpu_speedup_has_an_interval_above_one() -> None:
         result.reasons
     )
     assert {"reference", "candidate_load", "correctness", "timing"} <= set(result.stages)
+    # Correctness in parts: this side's waits, and the judge's own work on the crossing.
+    parts = {"correctness_inputs", "correctness_calls", "correctness_compare"}
+    parts |= {"judge_inputs_make", "judge_inputs_write", "judge_reference", "judge_compare"}
+    assert parts <= set(result.stages)
 
 
 def test_a_batch_ends_on_time_once_it_has_three_rounds_per_bucket() -> None:
