@@ -87,7 +87,7 @@ def median_text(entry: dict[str, Any], key: str) -> str:
     return f"{statistics.median(entry[key]):.2f}" if entry.get(key) else "-"
 
 
-PARTS = ("correctness_", "judge_")  # the parts of correctness an evaluation reports (from 5 Dec 2026 on)
+PARTS = ("correctness_", "judge_")  # the parts of correctness an evaluation reports (evaluators from 2026-12-06 on)
 
 
 def parts_table(summary: dict[str, dict[str, Any]]) -> list[str]:
