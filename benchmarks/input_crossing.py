@@ -87,7 +87,7 @@ def median_text(entry: dict[str, Any], key: str) -> str:
     return f"{statistics.median(entry[key]):.2f}" if entry.get(key) else "-"
 
 
-PARTS = ("correctness_", "judge_")  # the parts of correctness an evaluation reports (evaluators from 2026-12-06 on)
+PARTS = ("correctness_", "judge_")  # correctness in parts, as evaluations report it from 0.8.6
 
 
 def parts_table(summary: dict[str, dict[str, Any]]) -> list[str]:

@@ -195,6 +195,13 @@ MODES: dict[str, Mode] = {
             "and up to 4 pairs while the pairs disagree",
         ),
         Mode(
+            "pipeline-full-retime",
+            "batch",
+            {"retime_correctness_trials": 5},
+            needs_field="retime_correctness_trials",
+            about="evaluate_batch, every further process pair repeating all 5 correctness trials (0.8.5)",
+        ),
+        Mode(
             "pipeline-six-slots",
             "batch",
             {"lane_slots": 6},

@@ -211,9 +211,9 @@ class EvaluationSettings(Settings):
         "kernels in every process), which no number of rounds inside it averages out; more pairs do. On "
         "the H200, re-evaluating a candidate agreed within 1.6% and 0.55% at p90 with two pairs (two runs "
         "of 40 tasks, candidates of 50 us and more) against 2.5-7.5% with one, for a third fewer "
-        "evaluations per hour (docs/evaluator.md). Each pair is a whole evaluation (loading and "
-        "correctness too), and the pairs after the first are the re-check of a speedup at or above "
-        "speedup_recheck. 1: one pair, as KernelBench.",
+        "evaluations per hour (docs/evaluator.md). Each pair loads the candidate in fresh processes "
+        "and checks it again (one correctness trial after the first pair), and the pairs after the "
+        "first are the re-check of a speedup at or above speedup_recheck. 1: one pair, as KernelBench.",
     )
     timing_processes_max: int | None = Field(
         default=None,

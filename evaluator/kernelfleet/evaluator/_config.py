@@ -139,6 +139,18 @@ class EvalConfig(EvaluationSettings):
     recheck_tolerance: float = Field(
         default=0.2, ge=0, description="Relative disagreement of the two timings that is reported."
     )
+    retime_correctness_trials: int = Field(
+        default=1,
+        ge=1,
+        le=1000,
+        description="Correctness trials in each process pair after the first (timing_processes, "
+        "timing_processes_max, reference_processes): the first pair proved the candidate with "
+        "correctness_trials; a further pair runs the same code in fresh processes to time it, and its "
+        "trials, cache probe, trace and spot-checked timed rounds catch a candidate that behaves "
+        "otherwise there. Each further pair repeated all of correctness before 0.8.6, the largest part "
+        "of a re-timing on tasks with large inputs. The re-check of one pair (timing_processes 1) keeps "
+        "correctness_trials.",
+    )
     review_ceiling: float = Field(default=10.0, gt=0, description="Speedups above are flagged.")
     float64_reference: bool = Field(default=False, description="Compare fp32 outputs to an fp64 run.")
     max_speedup_cv: float | None = Field(
@@ -341,6 +353,8 @@ class EvalConfig(EvaluationSettings):
             suffix += f".launch{self.launch_tolerance}"
         if self.timing_processes_max is not None and self.timing_processes_max > self.timing_processes:
             suffix += f".pairsmax{self.timing_processes_max}@{self.pair_tolerance}"
+        if self.retime_correctness_trials != defaults["retime_correctness_trials"].default:
+            suffix += f".retime{self.retime_correctness_trials}"
         if self.reference_processes:  # 0 is off, as None
             suffix += f".refpool{self.reference_processes}@{self.reference_tolerance}"
         return f"{EVALUATOR_VERSION}+{suffix}"

@@ -794,13 +794,17 @@ class Evaluator:
 
         return keep
 
-    def _child(self, item: _Item, lane: _Lane, *, reuse: bool = True, spent: float = 0.0) -> Outcome:
+    def _child(
+        self, item: _Item, lane: _Lane, *, reuse: bool = True, spent: float = 0.0, further: bool = False
+    ) -> Outcome:
         """One evaluation (a judge and a candidate process) on `lane`; it holds the lane's
         timing lock, and the machine-wide lock of the device, while it times. `reuse`: the
         reference's timing may come from the session's bank (never for a re-check, which is an
         independent, paired measurement). `spent`: seconds of `timeout_seconds` that earlier
         process pairs of the same evaluation used; this one has what is left of it, since the
-        timeout bounds the whole evaluation, however many pairs it takes."""
+        timeout bounds the whole evaluation, however many pairs it takes. `further`: a process
+        pair after the first, which times a candidate the first proved and so runs
+        `retime_correctness_trials` correctness trials."""
         held = False
 
         device = DeviceLock(lane.device_id)
@@ -827,6 +831,9 @@ class Evaluator:
                 lane.timing.release()
 
         config = item.config
+        if further:
+            trials = min(config.correctness_trials, config.retime_correctness_trials)
+            config = config.model_copy(update={"correctness_trials": trials})
         self.metrics.lane_active(lane.index, 1)
         try:
             evaluation = Evaluation(
@@ -904,7 +911,7 @@ class Evaluator:
                 while True:
                     while another_pair(answers, config, spent, offered + promised):
                         begin = time.monotonic()
-                        more = self._child(item, lane, reuse=False, spent=spent)
+                        more = self._child(item, lane, reuse=False, spent=spent, further=True)
                         stage = time.monotonic() - begin
                         item.stages["more_pairs"] = item.stages.get("more_pairs", 0.0) + stage
                         extra = more.answer

@@ -299,13 +299,16 @@ def test_two_process_pairs_time_one_candidate_and_their_calls_are_pooled(
     """timing_processes=2: a second fresh pair times the candidate again; the result holds both
     pairs' calls, names the pairs' own speedups, and its interval spans them. The speedup (about
     4x) reaches speedup_recheck, and the second pair is its re-check: no third pair is timed.
-    timeout_seconds bounds the pairs together: the second has what the first left of it."""
+    timeout_seconds bounds the pairs together: the second has what the first left of it. The
+    second times a candidate the first proved: it runs one correctness trial, not all."""
     timeouts: list[float] = []
     counted: list[float] = []
+    trials: list[int] = []
 
     class Recorded(evaluator_module.Evaluation):
         def __init__(self, *args: Any, timeout: float, **kwargs: Any) -> None:
             timeouts.append(timeout)
+            trials.append(args[2].correctness_trials)
             super().__init__(*args, timeout=timeout, **kwargs)
 
         def run(self) -> Outcome:
@@ -315,7 +318,7 @@ def test_two_process_pairs_time_one_candidate_and_their_calls_are_pooled(
 
     monkeypatch.setattr(evaluator_module, "Evaluation", Recorded)
     result = slow_pair(
-        correctness_trials=1,
+        correctness_trials=2,
         timing_trials=7,
         timing_retries=0,
         max_speedup_cv=None,
@@ -325,6 +328,7 @@ def test_two_process_pairs_time_one_candidate_and_their_calls_are_pooled(
         timeout_seconds=120,
     )
     assert len(timeouts) == 2 and timeouts[0] == 120 and 0 < counted[0] < 120
+    assert trials == [2, 1]
     assert timeouts[1] == pytest.approx(120 - counted[0])
     assert result.verdict == Verdict.CORRECT, result.reasons
     codes = set(R.codes(result.reasons))
@@ -337,6 +341,32 @@ def test_two_process_pairs_time_one_candidate_and_their_calls_are_pooled(
     assert result.speedup is not None and result.speedup_ci is not None
     assert result.speedup_ci[0] <= result.speedup <= result.speedup_ci[1]
     assert result.stages.get("more_pairs", 0.0) > 0 and "recheck" not in result.stages
+
+
+def test_a_candidate_that_turns_wrong_in_its_second_process_pair_is_incorrect(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The second pair runs one correctness trial, not all: a candidate that behaves otherwise
+    in a fresh process (here: the second pair is handed wrong code, which a hostile candidate
+    could do by keeping state outside its process) is still caught there, not timed."""
+    built: list[int] = []
+
+    class Turned(evaluator_module.Evaluation):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            built.append(args[2].correctness_trials)
+            if len(built) == 2:
+                args = (
+                    *args[:4],
+                    C.SLOW_TASK_FAST.replace("return torch.tanh(x @ w)", "return x @ w"),
+                    *args[5:],
+                )
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(evaluator_module, "Evaluation", Turned)
+    result = slow_pair(correctness_trials=3, timing_trials=7, timing_retries=0, timing_processes=2)
+    assert built == [3, 1]
+    assert result.verdict == Verdict.INCORRECT and result.speedup is None, result.reasons
+    assert any("process pair 2" in text for text in result.reasons), result.reasons
 
 
 def test_a_second_pair_that_runs_out_of_the_evaluations_timeout_is_a_timeout(
