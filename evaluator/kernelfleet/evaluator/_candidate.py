@@ -309,6 +309,9 @@ class CandidateSession:
         sets = [self.read(f"{request['prefix']}-{index}") for index in range(int(request["count"]))]
         self.bank = InputBank(sets)
         self.buffers = clone_tree(sets[0])
+        return {}
+
+    def set_clock(self, request: dict[str, Any]) -> dict[str, Any]:
         flush_bytes = int(request["flush_bytes"])
         self.flush = (
             torch.empty(flush_bytes, dtype=torch.uint8, device=self.device) if flush_bytes > 0 else None
@@ -444,6 +447,7 @@ def serve(channel: Channel, scratch: Path) -> None:
                     "traced": session.traced_call,
                     "kernels": session.kernels,
                     "bank": session.load_bank,
+                    "clock": session.set_clock,
                     "round": session.round,
                     "ship_round": session.ship_round,
                     "guards": session.guards,

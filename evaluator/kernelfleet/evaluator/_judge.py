@@ -205,11 +205,17 @@ class JudgeSession:
             write_tree(self.path(f"{prefix}-{index}"), inputs)
         self.bank = InputBank(sets)
         self.buffers = clone_tree(sets[0])
+        return {"count": count, "numels": self.bank.numels}
+
+    def make_clock(self, request: dict[str, Any]) -> dict[str, Any]:
+        """The timing's clock, once the evaluation holds the device's timing lane: the lead's
+        writes are calibrated on a quiet device (the candidate's side is given the same count)."""
         flush_bytes = int(request["flush_bytes"])
-        self.flush = torch.empty(flush_bytes, dtype=torch.uint8, device=s.device) if flush_bytes > 0 else None
-        self.clock = clock_for(request, s.device, self.flush)
+        device = self.session.device
+        self.flush = torch.empty(flush_bytes, dtype=torch.uint8, device=device) if flush_bytes > 0 else None
+        self.clock = clock_for(request, device, self.flush)
         pin_timing_thread(request.get("cpu"))
-        return {"count": count, "numels": self.bank.numels, "reps": self.clock.lead_reps}
+        return {"reps": self.clock.lead_reps}
 
     def round(self, request: dict[str, Any]) -> dict[str, Any]:
         assert self.bank is not None and self.clock is not None
@@ -274,6 +280,7 @@ def serve(channel: Channel, scratch: Path) -> None:
                     "summary": judge.summary,
                     "settings": judge.settings,
                     "bank": judge.make_bank,
+                    "clock": judge.make_clock,
                     "round": judge.round,
                     "check_round": judge.check_round,
                 }.get(str(op))

@@ -363,7 +363,9 @@ def test_a_candidate_that_turns_wrong_in_its_second_process_pair_is_incorrect(
             super().__init__(*args, **kwargs)
 
     monkeypatch.setattr(evaluator_module, "Evaluation", Turned)
-    result = slow_pair(correctness_trials=3, timing_trials=7, timing_retries=0, timing_processes=2)
+    result = slow_pair(
+        correctness_trials=3, timing_trials=7, timing_retries=0, max_speedup_cv=None, timing_processes=2
+    )
     assert built == [3, 1]
     assert result.verdict == Verdict.INCORRECT and result.speedup is None, result.reasons
     assert any("process pair 2" in text for text in result.reasons), result.reasons
