@@ -101,6 +101,7 @@ STAGES = (
     "reference",
     "candidate_load",
     "correctness",
+    "timing_inputs",
     "lane_wait",
     "timing",
     "recheck",
