@@ -794,14 +794,20 @@ class Evaluation:
     def _timed(self) -> dict[str, Any]:
         # The timing's input sets are made, written and read before the lane is taken, as GPU
         # steps like correctness: on a task with large inputs that is seconds of CPU work, during
-        # which every other evaluation's timing waited (0.8.5).
-        with self.stage("timing_inputs"):
-            count, numels = self._timing_inputs()
+        # which every other evaluation's timing waited (0.8.5). Not for the largest inputs
+        # (1:11's 2.1 GB): several evaluations holding such banks while they wait for the lane
+        # could fill the device, and an out-of-memory in the candidate's process would read as
+        # its fault; those are made with the lane held, one at a time, as before.
+        early = self.input_bytes is not None and 8 * self.input_bytes <= self.config.scratch_bytes
+        bank = None
+        if early:
+            with self.stage("timing_inputs"):
+                bank = self._timing_inputs()
         with self._lane_held() as waited:
             if self.take_lane is not None:
                 self.stages["lane_wait"] = self.stages.get("lane_wait", 0.0) + waited
             with self.stage("timing"):
-                return self._time_pair(count, numels)
+                return self._time_pair(*(bank or self._timing_inputs()))
 
     def _timing_inputs(self) -> tuple[int, list[int]]:
         """The bank of input sets both sides time on: (how many sets, each input's numel)."""

@@ -344,6 +344,17 @@ def test_two_process_pairs_time_one_candidate_and_their_calls_are_pooled(
     assert result.stages.get("more_pairs", 0.0) > 0 and "recheck" not in result.stages
 
 
+def test_inputs_too_large_to_bank_ahead_are_banked_with_the_lane_held() -> None:
+    """A timing bank is made before the lane is taken only while eight input sets fit the
+    candidate's scratch (here they do not: 74 KB of inputs, 512 KiB of scratch); otherwise it
+    is made with the lane held, as before 0.8.6, and the timing is the same."""
+    result = slow_pair(
+        correctness_trials=1, timing_trials=7, timing_retries=0, max_speedup_cv=None, scratch_bytes=512 * 1024
+    )
+    assert result.verdict == Verdict.CORRECT and result.speedup is not None, result.reasons
+    assert "timing" in result.stages and "timing_inputs" not in result.stages
+
+
 def test_a_candidate_that_turns_wrong_in_its_second_process_pair_is_incorrect(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
