@@ -32,6 +32,7 @@ from kernelfleet.evaluator._outputs import (
     leaves,
     poison_,
     specs,
+    tensor_bytes,
     to_device,
     to_float64,
 )
@@ -290,15 +291,19 @@ class Session:
 
     # -- timing
 
-    def bank_sets(self) -> list[list[Any]]:
-        first = self.inputs(self.rng.getrandbits(31))
-        size = sum(t.numel() * t.element_size() for t in leaves(first) if isinstance(t, torch.Tensor))
+    def bank_count(self, first: list[Any]) -> int:
+        """How many input sets a timing bank holds: 3 while both sides' copies of them take at
+        most a quarter of the device's free memory (2 GB on the CPU), else 1."""
         if self.cuda:
             free, _ = torch.cuda.mem_get_info(self.device)
             budget = 0.25 * free
         else:
             budget = 2 * 1024**3
-        count = 3 if size * 6 <= budget else 1
+        return 3 if tensor_bytes(first) * 6 <= budget else 1
+
+    def bank_sets(self) -> list[list[Any]]:
+        first = self.inputs(self.rng.getrandbits(31))
+        count = self.bank_count(first)
         return [first] + [self.inputs(self.rng.getrandbits(31)) for _ in range(count - 1)]
 
 

@@ -29,7 +29,7 @@ from kernelfleet.evaluator._outputs import (
     compare,
     has_poison,
     identical,
-    leaves,
+    tensor_bytes,
     to_device,
 )
 from kernelfleet.evaluator._timing import InputBank, _Clock, clock_for, launch_level_us, pin_timing_thread
@@ -103,8 +103,7 @@ class JudgeSession:
         with s.stage("judge_inputs_device"):
             self.inputs[name] = list(to_device(made, s.device))
             s.sync()
-        tensors = [t for t in leaves(made) if isinstance(t, torch.Tensor)]
-        return {"bytes": sum(t.numel() * t.element_size() for t in tensors), **self.crossing()}
+        return {"bytes": tensor_bytes(made), **self.crossing()}
 
     def crossing(self) -> dict[str, Any]:
         """The judge's own seconds so far on each part of the correctness calls (making,
@@ -192,13 +191,7 @@ class JudgeSession:
         s = self.session
         seeds = [int(x) for x in request["seeds"]]
         first = s.inputs(seeds[0])
-        size = sum(t.numel() * t.element_size() for t in leaves(first) if isinstance(t, torch.Tensor))
-        if s.cuda:
-            free, _ = torch.cuda.mem_get_info(s.device)
-            budget = 0.25 * free
-        else:
-            budget = 2 * 1024**3
-        count = min(len(seeds), 3 if size * 6 <= budget else 1)
+        count = min(len(seeds), s.bank_count(first))
         sets = [first] + [s.inputs(seed) for seed in seeds[1:count]]
         prefix = str(request["prefix"])
         for index, inputs in enumerate(sets):

@@ -58,6 +58,11 @@ def specs(value: Any) -> list[OutputSpec]:
     ]
 
 
+def tensor_bytes(value: Any) -> int:
+    """The bytes of the tensors in `value` (an input set, an output)."""
+    return sum(t.numel() * t.element_size() for t in leaves(value) if isinstance(t, torch.Tensor))
+
+
 def _span_bytes(t: torch.Tensor) -> int:
     if t.numel() == 0:
         return 0

@@ -811,7 +811,6 @@ class Evaluation:
 
     def _timing_inputs(self) -> tuple[int, list[int]]:
         """The bank of input sets both sides time on: (how many sets, each input's numel)."""
-        self._forward_settings()
         prefix = self.name("bank")  # unguessable, as every exchange name (see `name`)
         seeds = [self.rng.getrandbits(31) for _ in range(3)]
         bank = self.ask_judge({"op": "bank", "prefix": prefix, "seeds": seeds})
