@@ -342,7 +342,9 @@ class Evaluation:
     ) -> dict[str, Any]:
         """One request to the candidate's process; its reasons and settings are collected, a
         `stop` it reports ends the evaluation with that verdict. `judge_meanwhile` goes to the
-        judge at the same time (its answer is read by the next `ask_judge`)."""
+        judge at the same time, and the step lasts until both have answered: the judge's work
+        places tensors on the device too, and a step that ended with the candidate's answer let
+        that run on while another evaluation timed (0.8.5)."""
         assert self.cand is not None
         try:
             with self._gpu_step(message):
@@ -350,6 +352,7 @@ class Evaluation:
                     self._post_judge(judge_meanwhile)
                 self.cand.channel.send(message)
                 answer = self._receive(self.cand)
+                self._settle_judge()
         except (ChannelClosed, OSError):
             self.cand.wait(2)
             raise _CandidateDied() from None
@@ -588,7 +591,7 @@ class Evaluation:
         with self.stage("correctness_inputs"):  # what the candidate waits for them
             inputs, output = self._inputs("in"), self.name("out")
         seed_call = self.rng.getrandbits(31)
-        with self.stage("correctness_calls"):
+        with self.stage("correctness_calls"):  # and the next inputs, made meanwhile
             self.ask(
                 {
                     "op": "call",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -123,6 +124,49 @@ def test_no_neighbours_step_runs_during_a_timed_batch(monkeypatch: pytest.Monkey
     assert len(batches) >= 3 and steps
     overlaps = [(s, b) for s in steps for b in batches if s[0] < b[1] and s[1] > b[0]]
     assert not overlaps, overlaps
+
+
+def test_the_judge_makes_the_next_inputs_inside_the_candidates_gpu_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The judge makes the next call's inputs (and places them on the device) while the
+    candidate calls. That is GPU work: its answer is read before the call's step ends, never
+    after, when another evaluation may hold the gate closed for a timed batch."""
+    from kernelfleet.evaluator._protocol import Evaluation
+
+    local = threading.local()
+    posted: list[str] = []
+    outside: list[str] = []
+    step, post, settle = GpuGate.step, Evaluation._post_judge, Evaluation._settle_judge
+
+    @contextlib.contextmanager
+    def marked_step(gate: GpuGate, cancel: Any = None) -> Iterator[float]:
+        with step(gate, cancel) as waited:
+            local.in_step = True
+            try:
+                yield waited
+            finally:
+                local.in_step = False
+
+    def recorded_post(evaluation: Evaluation, message: dict[str, Any]) -> None:
+        posted.append(str(message.get("op")))
+        post(evaluation, message)
+
+    def checked_settle(evaluation: Evaluation) -> dict[str, Any]:
+        in_step = getattr(local, "in_step", False)
+        if evaluation.judge_owes and posted and posted[-1] == "inputs" and not in_step:
+            outside.append(posted[-1])
+        return settle(evaluation)
+
+    monkeypatch.setattr(GpuGate, "step", marked_step)
+    monkeypatch.setattr(Evaluation, "_post_judge", recorded_post)
+    monkeypatch.setattr(Evaluation, "_settle_judge", checked_settle)
+    config = EvalConfig(**{**ONE_BATCH, "correctness_trials": 3}, exclusive_timing=True)
+    with Evaluator(config) as evaluator:
+        result = evaluator.evaluate(MATMUL, C.HONEST)
+    assert result.verdict == Verdict.CORRECT, result.reasons
+    assert posted.count("inputs") >= 3, posted  # later calls' inputs were made meanwhile
+    assert not outside, outside
 
 
 def test_cancelling_kills_a_running_evaluation() -> None:
