@@ -177,6 +177,7 @@ class Session:
         self.profile = job.config.profile_rules
         self.device = _device(job.config)
         self.cuda = self.device.type == "cuda"
+        self.inputs_device: torch.device | None = self.device  # None: `get_inputs` needs the host
         self.rng = random.Random(job.seed)
         self.work = Path(job.work_dir)
         self.reasons: list[str] = []
@@ -259,8 +260,24 @@ class Session:
         return model
 
     def made_inputs(self, seed: int) -> list[Any]:
-        """The task's inputs for `seed`, where `get_inputs` made them (mostly the host)."""
+        """The task's inputs for `seed`, drawn on the evaluation's device.
+
+        Why the device: `get_inputs` makes its tensors with torch's factories, and on the host
+        they draw every value on one CPU: 1:36's 67M values took 0.45 s a call, five calls and a
+        timing bank per evaluation, the largest part of its correctness and more while the
+        pipeline's builds hold the CPUs (`input_crossing-2026-12-07-retime12.md`). A GPU draws
+        them in about a millisecond. The values differ from the host's for the same seed (another
+        generator); the distribution does not, and both sides are compared on the same draw. A
+        task whose `get_inputs` cannot run under the device (it passes a host generator, or mixes
+        in host tensors) is drawn on the host from then on."""
         G.manual_seed(seed)
+        if self.inputs_device is not None:
+            try:
+                with self.inputs_device:
+                    return list(self.ref_mod.get_inputs())
+            except Exception:
+                self.inputs_device = None
+                G.manual_seed(seed)
         return list(self.ref_mod.get_inputs())
 
     def inputs(self, seed: int) -> list[Any]:

@@ -92,8 +92,8 @@ class JudgeSession:
         }
 
     def make_inputs(self, request: dict[str, Any]) -> dict[str, Any]:
-        """Fresh inputs for one call, written for the candidate where `get_inputs` made them: a
-        host tensor crosses without a copy to the device and one back. Answers their size, by
+        """Fresh inputs for one call, drawn on the device (`Session.made_inputs`) and written to a
+        file for the candidate, which never shares the judge's memory. Answers their size, by
         which the evaluation decides whether the next set may be made while the candidate calls."""
         name, s = str(request["name"]), self.session
         with s.stage("judge_inputs_make"):
