@@ -358,3 +358,35 @@ def test_launch_levels_are_measured_on_the_gpu_and_the_evaluation_times() -> Non
     assert 8 <= floor.processes <= 8 * (1 + config.launch_rerolls)
     assert floor.replaced == floor.processes - 8
     assert results[0].environment.evaluator_version.endswith(".launch0.04")
+
+
+def test_device_tensors_cross_the_exchange_files_bit_for_bit(tmp_path: Any) -> None:
+    """Exchange files from and to the GPU go through pinned host memory: the same bytes come back,
+    for a non-contiguous view, a 0-dim loss, bfloat16 and an empty tensor, twice in a row (the
+    second through blocks the caching host allocator hands back)."""
+    from kernelfleet.evaluator._wire import read_tree, write_tree
+
+    base = torch.randn(64, 48, device="cuda:0")
+    value = [base.t(), base.sum(), base.to(torch.bfloat16), torch.empty(0, 3, device="cuda:0")]
+    for round_ in range(2):
+        path = tmp_path / f"tensors-{round_}"
+        write_tree(str(path), value)
+        back, devices = read_tree(str(path), 1 << 24, device=torch.device("cuda:0"))
+        assert devices == ["cuda"] * 4
+        for sent, got in zip(value, back, strict=True):
+            assert got.device.type == "cuda" and got.dtype == sent.dtype and got.shape == sent.shape
+            assert torch.equal(got, sent)
+
+
+def test_the_judge_draws_inputs_on_the_gpu(tmp_path: Any) -> None:
+    from kernelfleet.evaluator import _child
+
+    config = EvalConfig(device="cuda:0")
+    job = _child.Job(
+        mode="evaluate", config=config, reference=ELEMENTWISE_TASK, work_dir=str(tmp_path), seed=1
+    )
+    session = _child.Session(job)
+    session.setup_torch()
+    session.load_reference()
+    assert session.inputs_device == torch.device("cuda:0")
+    assert [t.device.type for t in session.made_inputs(7)] == ["cuda", "cuda"]

@@ -103,8 +103,8 @@ class CandidateSession:
         return str(self.exchange / name)
 
     def read(self, name: str) -> Any:
-        value, _ = read_tree(self.path(name), _INPUT_LIMIT)
-        return to_device(value, self.device)
+        value, _ = read_tree(self.path(name), _INPUT_LIMIT, device=self.device)
+        return value
 
     def sync(self) -> None:
         if self.cuda:
