@@ -619,10 +619,16 @@ def part_throughput(
     saved: Callable[[dict[str, Any]], None],
 ) -> dict[str, Any]:
     workload = spread(rows, args.count)
+    if args.throughput_slice:
+        # A part of the --count candidates: a mode too slow for all of them in one call (the
+        # evaluator before the pipeline on 40) runs over consecutive slices in several calls.
+        first, last = args.throughput_slice
+        workload = workload[first:last]
     items = [(task, code) for task, code, _ in workload]
     names = [m.strip() for m in args.modes.split(",") if m.strip()]
     out: dict[str, Any] = {
         "candidates": len(items),
+        "slice": list(args.throughput_slice) if args.throughput_slice else None,
         "trials": args.trials,
         "workload": describe_workload(workload, len(rows)),
         "modes": {},
@@ -1012,7 +1018,12 @@ def throughput_markdown(t: dict[str, Any]) -> list[str]:
         f"Workload: of {w['matching_rows']} published kernels whose task exists, sorted by (level, task id), "
         f"row floor((i + 0.5) * M / N) for i < N: levels {cell(w['levels'])}"
         + (f" (missing: {', '.join(w['missing_levels'])})" if w["missing_levels"] else "")
-        + f"; {w['native_builds']} of {t['candidates']} build C++/CUDA. Tasks: {', '.join(w['task_ids'])}.",
+        + f"; {w['native_builds']} of {t['candidates']} build C++/CUDA. Tasks: {', '.join(w['task_ids'])}."
+        + (
+            f" Candidates {t['slice'][0]}-{t['slice'][1] - 1} of N only (--throughput-slice)."
+            if t.get("slice")
+            else ""
+        ),
         "",
         "| mode | finished / N | wall s | evaluations per GPU-hour | median s per candidate "
         "| timing lane busy: whole / while queue full (queue-full s) | nvidia-smi mean % | verdicts |",
@@ -1247,6 +1258,17 @@ def config_settings(text: str) -> list[dict[str, str | None]]:
     return [config_overrides(part) for part in text.split(";")]
 
 
+def index_slice(text: str) -> tuple[int, int]:
+    """`0:14` -> (0, 14)."""
+    try:
+        first, last = (int(part) for part in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not START:END, e.g. 0:14") from None
+    if not 0 <= first < last:
+        raise argparse.ArgumentTypeError(f"{text!r}: START must be at least 0 and below END")
+    return first, last
+
+
 def row_list(text: str) -> list[int]:
     """`3,5,8` -> workload rows."""
     return [int(row) for row in text.split(",") if row.strip()]
@@ -1262,6 +1284,13 @@ def main() -> int:
     parser.add_argument("--device", default="cuda:0")
     parser.add_argument("--profile", default="kernelbench-v0")
     parser.add_argument("--count", type=int, default=24, help="candidates in the throughput part")
+    parser.add_argument(
+        "--throughput-slice",
+        type=index_slice,
+        default=None,
+        help="START:END: only these of the --count candidates (the same rows as in a full run), for "
+        "a mode that cannot finish them all in one call; the report names the slice",
+    )
     parser.add_argument(
         "--modes",
         default=DEFAULT_MODES,
