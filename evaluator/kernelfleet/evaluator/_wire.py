@@ -280,13 +280,24 @@ def _host_copy(tensor: Any) -> Any:
     runs at the bus's speed, and torch's caching host allocator hands the same block to the
     next copy of its size, where `.cpu()` allocated fresh pageable memory every time (for 1:36,
     268 MB of first touches and a staged copy on each of its correctness calls)."""
-    import torch
-
     if tensor.device.type != "cuda":
         return tensor.contiguous()
-    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    host = _pinned(tensor.shape, tensor.dtype)
+    if host is None:
+        return tensor.contiguous().cpu()
     host.copy_(tensor)  # synchronous: the bytes are there before they are written
     return host
+
+
+def _pinned(shape: Any, dtype: Any) -> Any:
+    """An empty pinned host tensor, or None where the host will not lock that much memory (the
+    plain pageable copy still works there, slower)."""
+    import torch
+
+    try:
+        return torch.empty(shape, dtype=dtype, pin_memory=True)
+    except RuntimeError:
+        return None
 
 
 def _align(value: int) -> int:
@@ -398,7 +409,9 @@ def _read_tensors(fd: int, file_size: int, device: Any) -> tuple[Any, list[str]]
                 )
             if numel:
                 # Read into pinned memory when the tensor goes to a GPU (see _host_copy).
-                raw = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
+                raw = _pinned(nbytes, torch.uint8) if pinned else None
+                if raw is None:
+                    raw = torch.empty(nbytes, dtype=torch.uint8)
                 _read_exactly(fd, start + offset, raw.numpy())
                 tensor = raw.view(dtype).reshape(shape)
             else:
