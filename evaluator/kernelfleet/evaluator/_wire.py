@@ -282,22 +282,22 @@ def _host_copy(tensor: Any) -> Any:
     268 MB of first touches and a staged copy on each of its correctness calls)."""
     if tensor.device.type != "cuda":
         return tensor.contiguous()
-    host = _pinned(tensor.shape, tensor.dtype)
-    if host is None:
-        return tensor.contiguous().cpu()
+    host = _host_buffer(tensor.shape, tensor.dtype, pinned=True)
     host.copy_(tensor)  # synchronous: the bytes are there before they are written
     return host
 
 
-def _pinned(shape: Any, dtype: Any) -> Any:
-    """An empty pinned host tensor, or None where the host will not lock that much memory (the
-    plain pageable copy still works there, slower)."""
+def _host_buffer(shape: Any, dtype: Any, pinned: bool) -> Any:
+    """An empty host tensor, pinned when asked and the host will lock that much memory; else
+    pageable (the copy still works, slower)."""
     import torch
 
-    try:
-        return torch.empty(shape, dtype=dtype, pin_memory=True)
-    except RuntimeError:
-        return None
+    if pinned:
+        try:
+            return torch.empty(shape, dtype=dtype, pin_memory=True)
+        except RuntimeError:
+            pass
+    return torch.empty(shape, dtype=dtype)
 
 
 def _align(value: int) -> int:
@@ -409,9 +409,7 @@ def _read_tensors(fd: int, file_size: int, device: Any) -> tuple[Any, list[str]]
                 )
             if numel:
                 # Read into pinned memory when the tensor goes to a GPU (see _host_copy).
-                raw = _pinned(nbytes, torch.uint8) if pinned else None
-                if raw is None:
-                    raw = torch.empty(nbytes, dtype=torch.uint8)
+                raw = _host_buffer(nbytes, torch.uint8, pinned)
                 _read_exactly(fd, start + offset, raw.numpy())
                 tensor = raw.view(dtype).reshape(shape)
             else:
