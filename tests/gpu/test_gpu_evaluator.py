@@ -390,3 +390,31 @@ def test_the_judge_draws_inputs_on_the_gpu(tmp_path: Any) -> None:
     session.load_reference()
     assert session.inputs_device == torch.device("cuda:0")
     assert [t.device.type for t in session.made_inputs(7)] == ["cuda", "cuda"]
+
+
+# An honest candidate, slow in each call, that starts a process of its own launching kernels
+# on the GPU without end: the hold must stop it during every neighbour's timed batch.
+GPU_NEIGHBOUR = (
+    C.sleeper(0.3)
+    + """
+import subprocess
+import sys
+
+SPIN = "import torch\\nx = torch.ones(1 << 20, device='cuda')\\nwhile True:\\n    x.mul_(1.0)\\n"
+_spinner = subprocess.Popen([sys.executable, "-c", SPIN])
+"""
+)
+
+
+def test_a_candidates_gpu_process_is_stopped_while_a_neighbour_times(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.support.held import observe_holds
+
+    seen = observe_holds(monkeypatch)
+    config = EvalConfig(**GPU, lane_slots=3, exclusive_timing=True)
+    task = Task(name="matmul", code=C.MATMUL_TASK)
+    candidates = [GPU_NEIGHBOUR, C.HONEST + "\n# 1\n", C.HONEST + "\n# 2\n"]
+    with Evaluator(config) as evaluator:
+        results = evaluator.evaluate_batch([(task, code) for code in candidates], progress=False)
+    assert [r.verdict for r in results[1:]] == [Verdict.CORRECT] * 2, [r.reasons for r in results]
+    assert any(stopped >= 2 for stopped, _ in seen), f"no timed batch held the spinning candidate: {seen}"
+    assert {letter for _, letter in seen} == {"T"}, seen

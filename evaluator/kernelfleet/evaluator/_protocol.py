@@ -249,8 +249,16 @@ class Evaluation:
                 self.release_lane()
 
     def _device_quiet(self) -> contextlib.AbstractContextManager[None]:
-        """The device's gate closed for the block: other evaluations' GPU steps wait."""
-        return self.gpu_gate.quiet() if self.gpu_gate is not None else contextlib.nullcontext()
+        """The device's gate closed for the block: other evaluations' GPU steps wait, and their
+        candidates' processes are stopped."""
+        return self.gpu_gate.quiet(self) if self.gpu_gate is not None else contextlib.nullcontext()
+
+    def _hold_candidate(self) -> None:
+        """From its load on, the candidate's process is stopped while another evaluation times a
+        batch (see _gpugate): a thread of its own must not reach the device then. Its load is
+        not held: imports and the model's construction run beside timings, as set-up."""
+        if self.gpu_gate is not None and self.cand is not None:
+            self.gpu_gate.hold(self, host_pid(self.sandbox, self.cand))
 
     def _receive(self, child: SandboxChild) -> dict[str, Any]:
         while True:
@@ -273,7 +281,7 @@ class Evaluation:
             yield
             return
         try:
-            with self.gpu_gate.step(self.cancel) as waited:
+            with self.gpu_gate.step(self.cancel, self) as waited:
                 self.deadline += waited
                 self.stages["gpu_wait"] = self.stages.get("gpu_wait", 0.0) + waited
                 yield
@@ -433,6 +441,8 @@ class Evaluation:
 
     def _close(self, orderly: bool) -> str:
         """End both children (a goodbye when all went well, a kill otherwise); the candidate's log."""
+        if self.gpu_gate is not None:
+            self.gpu_gate.release(self)  # running, so that it can hear the goodbye
         log = ""
         for child in (self.judge, self.cand):
             if child is None:
@@ -530,6 +540,7 @@ class Evaluation:
                 )
             self._merge_stages(answer)
             loaded = True
+            self._hold_candidate()
             with self.stage("correctness"):
                 self._correctness()
                 self._inspect()

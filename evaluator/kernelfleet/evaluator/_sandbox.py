@@ -543,7 +543,7 @@ class Sandbox:
         try:
             os.makedirs(path, exist_ok=True)
             Path(path, "pids.max").write_text(str(self.processes))
-            for pid in [self._process.pid, *_descendants(self._process.pid)]:
+            for pid in [self._process.pid, *descendants(self._process.pid)]:
                 with contextlib.suppress(OSError):
                     Path(path, "cgroup.procs").write_text(str(pid))
             self._cgroup = path
@@ -674,7 +674,8 @@ def _pair() -> tuple[Channel, socket.socket]:
     return Channel(mine), theirs
 
 
-def _descendants(pid: int) -> list[int]:
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid`, from /proc (empty where it cannot be read)."""
     found: list[int] = []
     queue = [pid]
     while queue:
@@ -702,7 +703,7 @@ def host_pid(sandbox: Sandbox, child: SandboxChild) -> int:
     process = sandbox._process
     if process is None:
         return 0
-    for pid in _descendants(process.pid):
+    for pid in descendants(process.pid):
         try:
             for line in Path(f"/proc/{pid}/status").read_text().splitlines():
                 if line.startswith("NSpid:") and line.split()[-1] == str(child.pid):

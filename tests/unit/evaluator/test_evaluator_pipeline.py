@@ -21,6 +21,7 @@ from kernelfleet.evaluator._cputime import tree_cpu_seconds
 from kernelfleet.evaluator._gpugate import GpuGate
 from kernelfleet.evaluator._sandbox import detect
 from tests.support import evaluator_cases as C
+from tests.support.held import observe_holds
 
 MATMUL = Task(name="matmul", code=C.MATMUL_TASK)
 # One short batch of timed rounds, no re-timing: fast on the CPU.
@@ -67,13 +68,13 @@ def test_the_gate_closes_for_each_timed_batch_only(monkeypatch: pytest.MonkeyPat
     closes: list[int] = []
     quiet, close = GpuGate.quiet, GpuGate.close
 
-    def counted_quiet(gate: GpuGate) -> Any:
+    def counted_quiet(gate: GpuGate, owner: object = None) -> Any:
         batches.append(1)
-        return quiet(gate)
+        return quiet(gate, owner)
 
-    def counted_close(gate: GpuGate) -> None:
+    def counted_close(gate: GpuGate, owner: object = None) -> None:
         closes.append(1)
-        close(gate)
+        close(gate, owner)
 
     monkeypatch.setattr(GpuGate, "quiet", counted_quiet)
     monkeypatch.setattr(GpuGate, "close", counted_close)
@@ -96,8 +97,8 @@ def test_no_neighbours_step_runs_during_a_timed_batch(monkeypatch: pytest.Monkey
         init(gate, drain_s)
 
     @contextlib.contextmanager
-    def recorded_step(gate: GpuGate, cancel: Any = None) -> Iterator[float]:
-        with step(gate, cancel) as waited:
+    def recorded_step(gate: GpuGate, cancel: Any = None, key: object = None) -> Iterator[float]:
+        with step(gate, cancel, key) as waited:
             begin = time.monotonic()
             try:
                 yield waited
@@ -105,8 +106,8 @@ def test_no_neighbours_step_runs_during_a_timed_batch(monkeypatch: pytest.Monkey
                 steps.append((begin, time.monotonic()))
 
     @contextlib.contextmanager
-    def recorded_quiet(gate: GpuGate) -> Iterator[None]:
-        with quiet(gate):
+    def recorded_quiet(gate: GpuGate, owner: object = None) -> Iterator[None]:
+        with quiet(gate, owner):
             begin = time.monotonic()
             try:
                 yield
@@ -142,8 +143,8 @@ def test_the_judge_makes_the_next_inputs_inside_the_candidates_gpu_step(
     ahead = Evaluation._inputs_meanwhile
 
     @contextlib.contextmanager
-    def marked_step(gate: GpuGate, cancel: Any = None) -> Iterator[float]:
-        with step(gate, cancel) as waited:
+    def marked_step(gate: GpuGate, cancel: Any = None, key: object = None) -> Iterator[float]:
+        with step(gate, cancel, key) as waited:
             local.in_step = True
             try:
                 yield waited
@@ -447,3 +448,33 @@ def test_a_candidate_that_plants_exchange_names_changes_no_verdict() -> None:
         result = evaluator.evaluate(Task(name="large-inputs", code=LARGE_INPUTS_TASK), PLANTS_EXCHANGE_NAMES)
     assert result.verdict == Verdict.CORRECT, (result.reasons, result.log)
     assert result.candidate is not None
+
+
+# An honest candidate, slow in each call, that leaves a process of its own running between calls
+# (a thread would be rejected, `threads-started`; a process, or a native thread, is not): on a
+# GPU it could launch kernels beside a neighbour's timed batch.
+BACKGROUND_PROCESS = (
+    C.sleeper(0.3)
+    + """
+import os
+
+if os.fork() == 0:
+    while True:
+        time.sleep(0.001)
+"""
+)
+
+
+def test_a_candidates_own_process_is_stopped_while_a_neighbour_times(monkeypatch: pytest.MonkeyPatch) -> None:
+    """From its load on, a candidate's process and those below it are held: during each of
+    another candidate's timed batches they are stopped (unless a request of its own is running),
+    so nothing of theirs reaches the device then; they run on afterwards and the evaluations are
+    unharmed."""
+    seen = observe_holds(monkeypatch)
+    config = EvalConfig(**{**ONE_BATCH, "correctness_trials": 3}, lane_slots=3, exclusive_timing=True)
+    candidates = [BACKGROUND_PROCESS, C.sleeper(0.01) + "\n# 1\n", C.sleeper(0.01) + "\n# 2\n"]
+    with Evaluator(config) as evaluator:
+        results = evaluator.evaluate_batch([(MATMUL, code) for code in candidates], progress=False)
+    assert [r.verdict for r in results] == [Verdict.CORRECT] * 3, [r.reasons for r in results]
+    assert any(stopped >= 2 for stopped, _ in seen), f"no timed batch held the forking candidate: {seen}"
+    assert {letter for _, letter in seen} == {"T"}, seen
