@@ -255,7 +255,7 @@ class Evaluation:
 
     def _hold_candidate(self) -> None:
         """From its load on, the candidate's process is stopped while another evaluation times a
-        batch (see _gpugate): a thread of its own must not reach the device then. Its load is
+        batch (see _gpugate): no process or thread of its own may reach the device then. Its load is
         not held: imports and the model's construction run beside timings, as set-up."""
         if self.gpu_gate is not None and self.cand is not None:
             self.gpu_gate.hold(self, host_pid(self.sandbox, self.cand))
