@@ -30,17 +30,20 @@ def observe_holds(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, str]]:
     return seen
 
 
+def state(pid: int) -> str:
+    """The process's state letter from /proc ("T": stopped; "gone" once it has ended)."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return "gone"
+    return text[text.rindex(")") + 2]
+
+
 def settled_state(pid: int) -> str:
     """The process's state letter once a stop sent to it has had time to land ("T": stopped)."""
     deadline = time.monotonic() + 2
-    letter = "?"
-    while time.monotonic() < deadline:
-        try:
-            text = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            return "gone"
-        letter = text[text.rindex(")") + 2]
-        if letter == "T":
-            break
+    letter = state(pid)
+    while letter not in ("T", "gone") and time.monotonic() < deadline:
         time.sleep(0.01)
+        letter = state(pid)
     return letter

@@ -12,12 +12,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
 
 from kernelfleet.evaluator._gpugate import GateCancelled, GpuGate
 from kernelfleet.evaluator._sandbox import descendants
+from tests.support.held import state
 
 
 def test_a_step_waits_while_the_device_times() -> None:
@@ -92,12 +92,6 @@ def test_quiet_closes_for_the_block_and_opens_after_it_even_when_it_fails() -> N
 
 # A process that forks a child, and both wait: a candidate with a process of its own below it.
 FORKING = "import os, time\nos.fork()\nwhile True:\n    time.sleep(0.01)\n"
-
-
-def state(pid: int) -> str:
-    """The process's state letter from /proc ("T": stopped)."""
-    text = Path(f"/proc/{pid}/stat").read_text()
-    return text[text.rindex(")") + 2]
 
 
 def settles(pid: int, stopped: bool) -> bool:
