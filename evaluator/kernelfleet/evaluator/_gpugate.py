@@ -150,7 +150,8 @@ class GpuGate:
 
     def _stop(self, key: object) -> None:
         """Stop a held process and what runs below it (called with the lock held). The process
-        first, so that it forks nothing more; then its descendants, again until none is new."""
+        first, so that it forks nothing more; then its descendants, again until none is new
+        (three passes at most)."""
         held = self._held[key]
         if held.stopped or not _signal(held, signal.SIGSTOP):
             return  # stopped already, or gone (or not ours to signal): nothing of it runs
