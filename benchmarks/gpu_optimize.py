@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         warmup=args.warmup,
         baseline_modes=("eager", "compile"),
     )
-    settings = LoopSettings(verify_best=args.verify, measure_baselines=args.baselines, eval_batch_size=16)
+    settings = LoopSettings(verify_best=args.verify, measure_baselines=args.baselines)
     with Evaluator(config) as evaluator:
         environment = evaluator.environment
         prefix = f"benchmarks/gpu-optimize/{environment.gpu_class}"

@@ -13,6 +13,7 @@ from typing import Any
 
 from kernelfleet.core.hashing import source_hash
 from kernelfleet.core.models import Environment, EvaluationResult, ResultKey, Task, Timing, Verdict
+from kernelfleet.evaluator import BatchCancelled
 from kernelfleet.search import Proposal, Request
 
 REFERENCE = """import torch
@@ -126,8 +127,11 @@ class ScriptedEvaluator:
         stop: Any = None,
         slow: Any = None,
     ) -> list[EvaluationResult]:
-        results = []
+        results: list[EvaluationResult] = []
         for task, code in items:
+            if stop is not None and stop(0.0):
+                # as the real evaluator: what finished is kept, the rest is not evaluated
+                raise BatchCancelled([*results, *[None] * (len(items) - len(results))])
             key = ResultKey(
                 task_hash=task.hash,
                 variant_hash=source_hash(code),

@@ -68,7 +68,7 @@ class EvaluatorLike(Protocol):
         cache: Any = None,
         progress: bool = False,
         stop: Callable[[float], bool] | None = None,
-        slow: Callable[[Task, str, float], None] | None = None,
+        slow: Callable[[Task, str, float, str], None] | None = None,
     ) -> list[EvaluationResult]: ...
 
     def baselines(self, task: Task) -> dict[str, Timing]: ...
@@ -95,7 +95,6 @@ class LoopSettings(BaseModel):
         allow_inf_nan=False,
         description="Relative width of a speedup bucket (0.1: variants within 10% share one).",
     )
-    eval_batch_size: int = Field(default=8, ge=1, description="Variants handed to the evaluator at once.")
     verify_attempts: int = Field(
         default=3, ge=1, description="Best variants tried, in turn, until one verifies again."
     )
@@ -503,7 +502,10 @@ class OptimizationLoop:
         ]
         self.progress.evaluations_planned(len(todo))
         sink = _ResultSink(self)
-        size = max(1, self.settings.eval_batch_size)
+        # The whole round goes to the evaluator at once: its pipeline builds, checks and times
+        # side by side, and a slow build or evaluation holds only itself. (Chunks with a barrier
+        # between them left the GPU idle while one build in a chunk ran to its limit.)
+        size = max(1, len(todo))
         for start in range(0, len(todo), size):
             self._stop = self._stop or self._budget_stop()
             if self._stop:
@@ -559,12 +561,10 @@ class OptimizationLoop:
             if state.db.add(entry) and entry.successful:
                 state.best_seen = max(entry.speedup or 0.0, state.best_seen or 0.0)
 
-    def _slow(self, task: Task, variant_hash: str, seconds: float) -> None:
-        """An evaluation that runs long is named, so a user sees which candidate holds the run."""
-        self.progress.message(
-            f"{task.name}: variant {variant_hash[:12]} has been evaluating for {seconds:.0f} s "
-            "(it is killed at the evaluation timeout, --timeout)"
-        )
+    def _slow(self, task: Task, variant_hash: str, seconds: float, activity: str) -> None:
+        """An evaluation that takes long is named with what it does or waits on, so a user
+        tells a long compile from a stuck evaluation."""
+        self.progress.message(f"{task.name}: variant {variant_hash[:12]}, {seconds:.0f} s: {activity}")
 
     def _record_result(self, result: EvaluationResult) -> None:
         """Keep a fresh result: in the store first, then in memory. Called once per key."""

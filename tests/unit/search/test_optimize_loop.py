@@ -174,7 +174,6 @@ def test_gpu_seconds_budget(store: Store) -> None:
         evaluator,
         [ScriptedPolicy(script)],
         Budget(rounds=5, samples_per_round=2, gpu_seconds=12),
-        eval_batch_size=1,
     )
     assert len(evaluator.evaluated) == 3  # 5 + 5 + 5 >= 12: the third is the last one started
     assert {s.stop_reason for s in summaries} == {"gpu-seconds"}
@@ -227,13 +226,13 @@ def test_a_killed_run_resumes_without_asking_or_evaluating_again(store: Store) -
     killed = ScriptedEvaluator(kill_after=5)
     first_policy = ScriptedPolicy(climbing)
     with pytest.raises(Killed):
-        run(store, killed, [first_policy], budget, eval_batch_size=2)
+        run(store, killed, [first_policy], budget)
     assert len(killed.evaluated) == 5
     asked_before = {(r.task.name, r.round, r.index) for r in first_policy.requests}
 
     resumed = ScriptedEvaluator()
     second_policy = ScriptedPolicy(climbing)
-    summaries = run(store, resumed, [second_policy], budget, eval_batch_size=2)
+    summaries = run(store, resumed, [second_policy], budget)
     asked_again = {(r.task.name, r.round, r.index) for r in second_policy.requests}
     assert not asked_before & asked_again
     assert len(resumed.evaluated) == 12 - 5
@@ -243,7 +242,7 @@ def test_a_killed_run_resumes_without_asking_or_evaluating_again(store: Store) -
     # The same call once more finds the summaries and does nothing at all.
     idle = ScriptedEvaluator()
     idle_policy = ScriptedPolicy(climbing)
-    again = run(store, idle, [idle_policy], budget, eval_batch_size=2)
+    again = run(store, idle, [idle_policy], budget)
     assert idle.evaluated == [] and idle.verified == [] and idle.baseline_calls == []
     assert idle_policy.requests == []
     assert again == summaries
@@ -358,11 +357,11 @@ def test_a_broken_task_stops_without_blaming_its_variants(store: Store) -> None:
         Budget(rounds=3, samples_per_round=2),
         tasks=[make_task("broken"), make_task("good", 3)],
         progress=progress,
-        eval_batch_size=1,
     )
     assert (broken.stop_reason, broken.rounds, broken.variants) == ("task-error", 1, 0)
     assert good.stop_reason == "rounds" and good.best_speedup == pytest.approx(3.1)
-    assert [name for name, _ in evaluator.evaluated].count("broken") == 1
+    # Its first round went to the evaluator whole (both samples), and nothing of it after that.
+    assert [name for name, _ in evaluator.evaluated].count("broken") == 2
     assert all(r.task_hash != broken.task_hash for r in store.list_results(PREFIX))
     assert any("reference fails" in message for message in progress.messages)
 
