@@ -11,6 +11,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -38,6 +40,7 @@ from kernelfleet.core.store import (
     open_store,
     verify_run,
 )
+from kernelfleet.core.store._lease import process_started
 
 FAST_RETRY = RetrySettings(attempts=3, initial_backoff_s=0.05, max_backoff_s=0.2, deadline_s=10)
 
@@ -371,6 +374,35 @@ def test_a_lease_left_by_a_killed_process_expires(store: Store) -> None:
     time.sleep(1.0)
     with RunLease(store, "runs/abandoned", ttl_s=30, owner="next") as taken:
         assert taken.epoch >= 1
+
+
+def test_a_lease_left_by_a_process_killed_on_this_machine_is_taken_at_once(store: Store) -> None:
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        abandoned = RunLease(store, "runs/killed-here", ttl_s=300, owner="killed")
+        abandoned.acquire()
+        abandoned._stop.set()
+        # the record as the killed holder wrote it: its pid and start time
+        record = current_lease(store, "runs/killed-here")
+        assert record is not None
+        dead = record.model_copy(
+            update={"epoch": record.epoch + 1, "pid": holder.pid, "started": process_started(holder.pid)}
+        )
+        store.put_bytes(f"runs/killed-here/lease/{dead.epoch:010d}.json", dead.model_dump_json().encode())
+        with pytest.raises(LeaseHeld):  # alive: the run is its
+            RunLease(store, "runs/killed-here", ttl_s=30, owner="next").acquire()
+    finally:
+        holder.kill()
+        holder.wait()
+    with RunLease(store, "runs/killed-here", ttl_s=30, owner="next") as taken:  # dead: at once
+        assert taken.epoch == record.epoch + 2
+        next_free = taken.epoch + 2  # its release writes the one after it
+    elsewhere = dead.model_copy(update={"host": "another-host", "epoch": next_free})
+    store.put_bytes(
+        f"runs/killed-here/lease/{elsewhere.epoch:010d}.json", elsewhere.model_dump_json().encode()
+    )
+    with pytest.raises(LeaseHeld):  # another machine's holder cannot be seen: its lease runs out
+        RunLease(store, "runs/killed-here", ttl_s=30, owner="third").acquire()
 
 
 def test_racing_processes_take_a_free_run_exactly_once(store: Store) -> None:

@@ -6,7 +6,9 @@ epoch: the store's create-only writes make that a compare-and-swap, so of two pr
 race for the same epoch exactly one wins (the local backend links atomically; on S3, where a
 write is a plain PUT, the winner reads its epoch back after a short settling delay and a loser
 finds someone else's). The holder renews well before expiry; a process killed outright leaves
-a lease that simply expires. Releasing writes a last epoch marked released.
+a lease that simply expires, or, on the machine it ran on, one that the next process takes at once
+(the record names the holder's pid and start time, so a dead holder is told from a live one).
+Releasing writes a last epoch marked released.
 
 A second process on a leased run waits (up to `wait_s`) or is refused with a message that says
 who holds the run and until when.
@@ -50,13 +52,33 @@ class LeaseRecord(BaseModel):
     acquired_at: float = 0.0
     expires_at: float = 0.0
     released: bool = False
+    started: int = 0  # the holder's start time (clock ticks since boot), which tells it from a reused pid
 
     def live(self, now: float) -> bool:
         return not self.released and self.expires_at > now
 
+    def holder_died_here(self) -> bool:
+        """The holder ran on this machine and is gone (killed outright): its lease need not be
+        waited out. A record without a start time, or from another host, is never judged so."""
+        return (
+            self.host == socket.gethostname()
+            and self.pid > 0
+            and self.started > 0
+            and (process_started(self.pid) != self.started)
+        )
+
     def describe(self) -> str:
         until = datetime.fromtimestamp(self.expires_at, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
         return f"{self.owner} (host {self.host}, pid {self.pid}) until {until}"
+
+
+def process_started(pid: int) -> int | None:
+    """A process's start time in clock ticks since boot (/proc/PID/stat), None if there is none."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as handle:
+            return int(handle.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def _epoch_key(prefix: str, epoch: int) -> str:
@@ -68,9 +90,13 @@ def current_lease(store: Store, prefix: str) -> LeaseRecord | None:
     keys = list(store.list(f"{prefix.strip('/')}/{LEASE_DIR}/"))
     for key in reversed(keys):
         try:
-            return LeaseRecord.model_validate(store.get_json(key))
+            record = LeaseRecord.model_validate(store.get_json(key))
         except (ValidationError, StoreError):
             continue
+        # The epoch is the key's: a record that says otherwise (damaged, or written by hand) must
+        # not send the next writer to an epoch that exists already, again and again.
+        epoch = key.rsplit("/", 1)[-1].removesuffix(".json")
+        return record.model_copy(update={"epoch": int(epoch)}) if epoch.isdigit() else record
     return None
 
 
@@ -114,6 +140,7 @@ class RunLease:
             owner=self.owner,
             host=self.host,
             pid=os.getpid(),
+            started=process_started(os.getpid()) or 0,
             token=self.token,
             acquired_at=now,
             expires_at=0.0 if released else now + self.ttl_s,
@@ -140,7 +167,12 @@ class RunLease:
         while True:
             latest = current_lease(self.store, self.prefix)
             now = time.time()
-            if latest is None or not latest.live(now) or latest.token == self.token:
+            if (
+                latest is None
+                or not latest.live(now)
+                or latest.token == self.token
+                or latest.holder_died_here()
+            ):
                 epoch = 0 if latest is None else latest.epoch + 1
                 if self._write(epoch):
                     self.epoch = epoch
@@ -150,8 +182,8 @@ class RunLease:
                 raise LeaseHeld(
                     f"run {self.prefix} is in use by {latest.describe()}: two processes on one run would "
                     "measure each other. Wait for it to finish, pass --lease-wait SECONDS to wait for it, "
-                    f"or use another run; a lease left by a killed process expires {self.ttl_s:g} s after "
-                    "its last renewal"
+                    f"or use another run; a lease left by a process killed on another machine expires "
+                    f"{self.ttl_s:g} s after its last renewal"
                 )
             time.sleep(min(2.0, self.ttl_s / 4, max(0.05, deadline - time.monotonic())))
         self._stop.clear()
