@@ -17,7 +17,27 @@ import tempfile
 import threading
 import time
 
+from kernelfleet.evaluator._builddir import flock_holders
+
 _DIR = os.path.join(tempfile.gettempdir(), "kernelfleet-device-locks")
+
+
+class DeviceBusy(RuntimeError):
+    """Another process held the device's lock for longer than the wait's bound."""
+
+
+def _describe(pids: list[int]) -> str:
+    if not pids:
+        return "a process that could not be named"
+    names = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                command = handle.read().replace(b"\0", b" ").decode(errors="replace").strip()[:120]
+        except OSError:
+            command = "?"
+        names.append(f"pid {pid} ({command})")
+    return ", ".join(names)
 
 
 class DeviceLock:
@@ -28,9 +48,10 @@ class DeviceLock:
         self.path = os.path.join(_DIR, f"{slug}.lock")
         self._fd: int | None = None
 
-    def acquire(self, cancel: threading.Event | None = None) -> float:
+    def acquire(self, cancel: threading.Event | None = None, timeout_s: float | None = None) -> float:
         """Take the lock; returns the seconds spent waiting for another process. Raises
-        InterruptedError when `cancel` is set while waiting."""
+        InterruptedError when `cancel` is set while waiting, and DeviceBusy after `timeout_s`
+        seconds of waiting (naming the process that holds it)."""
         os.makedirs(_DIR, exist_ok=True)
         with contextlib.suppress(OSError):
             os.chmod(_DIR, 0o1777)  # shared by every user of the machine, like /tmp
@@ -44,6 +65,14 @@ class DeviceLock:
                 if cancel is not None and cancel.is_set():
                     os.close(fd)
                     raise InterruptedError("cancelled while waiting for the device") from None
+                if timeout_s is not None and time.monotonic() - begin > timeout_s:
+                    holders = [pid for pid in flock_holders(self.path) if pid != os.getpid()]
+                    os.close(fd)
+                    raise DeviceBusy(
+                        f"waited {timeout_s:.0f} s for the device lock {self.path}, held by "
+                        f"{_describe(holders)}: another kernelfleet process times on this device; "
+                        "let it finish, or stop it"
+                    ) from None
                 time.sleep(0.05)
         self._fd = fd
         return time.monotonic() - begin

@@ -16,6 +16,7 @@ counts.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -40,8 +41,10 @@ from kernelfleet.core import reasons as R
 from kernelfleet.core.errors import EvaluationCancelled, UsageError
 from kernelfleet.core.hashing import source_hash
 from kernelfleet.core.models import Environment, EvaluationResult, ResultKey, Task, Timing, Verdict
+from kernelfleet.evaluator._builddir import BuildDirectory, flock_holders
 from kernelfleet.evaluator._cache import ResultCache
 from kernelfleet.evaluator._config import EvalConfig
+from kernelfleet.evaluator._cputime import tree_cpu_seconds
 from kernelfleet.evaluator._devicelock import DeviceLock
 from kernelfleet.evaluator._environment import gpu_class, host_name, local_cpus
 from kernelfleet.evaluator._gpugate import GpuGate
@@ -52,6 +55,9 @@ from kernelfleet.evaluator._sandbox import Sandbox, Walls, detect, resolve_level
 from kernelfleet.evaluator._timing import LaunchFloor, speedup_interval, stats
 
 _LOG_LIMIT = 4000
+# A wait for the machine-wide device lock (another process times on the device) ends with an error
+# after this many times the evaluation's timeout (at least a minute): that process is not ours.
+DEVICE_WAIT_FACTOR = 3.0
 SLOW_AFTER_S = 60.0  # an evaluation running this long is named in the progress (and again after as long)
 
 
@@ -344,6 +350,10 @@ class _Item:
     cancel: threading.Event = dataclasses.field(default_factory=threading.Event)
     state: str = "pending"  # pending, building, running
     stages: dict[str, float] = dataclasses.field(default_factory=dict)
+    evaluation: Evaluation | None = None  # the process pair (or build) running now
+    waiting: str = ""  # what it waits for outside an evaluation (the device's lock), in words
+    build_dir: Path | None = None  # its extensions' build directory, if it builds any
+    device_lock: str = ""  # the machine-wide device lock's file, once it waited for it
 
 
 class Metrics:
@@ -713,6 +723,14 @@ class Evaluator:
         toolchain = f"{toolchain_tag()}-sm{arch.replace('.', '').replace(' ', '_').replace(';', '_')}"
         return self.config.build_root / "builds" / f"torch-{torch_tag}" / toolchain / source_hash(code)[:24]
 
+    def _build_lease(self, item: _Item, lane: _Lane) -> contextlib.AbstractContextManager[Any]:
+        """The lease on the candidate's build directory for one process pair (see _builddir):
+        entering it clears the lock files that a process killed mid-build left behind."""
+        if not needs_native_build(item.code):
+            return contextlib.nullcontext()
+        item.build_dir = self._build_dir(item.code, lane)
+        return BuildDirectory(item.build_dir)
+
     def _failure(
         self, outcome: Outcome, item: _Item, lane: _Lane, what: str, spent: float = 0.0
     ) -> EvaluationResult:
@@ -814,11 +832,22 @@ class Evaluator:
             while not lane.timing.acquire(timeout=0.25):
                 if item.cancel.is_set():
                     raise EvaluationCancelled("cancelled while waiting for the timing lane")
+            item.waiting = f"waiting for the machine-wide lock of {lane.device_id} ({device.path})"
+            item.device_lock = device.path
             try:
-                device.acquire(item.cancel)  # and no other process times on this device
+                # ... and no other process times on this device; bounded, since that process is
+                # not ours to bound (a stuck or stopped evaluator elsewhere on this machine).
+                device.acquire(
+                    item.cancel, timeout_s=DEVICE_WAIT_FACTOR * max(item.config.timeout_seconds, 60.0)
+                )
             except InterruptedError:
                 lane.timing.release()
                 raise EvaluationCancelled("cancelled while waiting for the device") from None
+            except BaseException:
+                lane.timing.release()
+                raise
+            finally:
+                item.waiting = ""
             held = True
             self.metrics.lane_held(lane.index, True)
 
@@ -836,6 +865,7 @@ class Evaluator:
             config = config.model_copy(update={"correctness_trials": trials})
         self.metrics.lane_active(lane.index, 1)
         try:
+            lease = self._build_lease(item, lane)
             evaluation = Evaluation(
                 self._sandbox(),
                 self._sides(config, lane, self._env(item.code, lane)),
@@ -853,8 +883,11 @@ class Evaluator:
                 timing_cpu=lane.timing_cpu(config) if self._pins_timing(config, lane) else None,
                 launch_floor=lane.launch_floor(config),
             )
-            outcome = evaluation.run()
+            item.evaluation = evaluation
+            with lease:
+                outcome = evaluation.run()
         finally:
+            item.evaluation = None
             release_lane()
             self.metrics.lane_active(lane.index, -1)
         answer = outcome.answer
@@ -1030,6 +1063,7 @@ class Evaluator:
         config = item.config
         build_dir = self._build_dir(item.code, lane)
         build_dir.mkdir(parents=True, exist_ok=True)
+        item.build_dir = build_dir
         sides = self._sides(config, lane, self._env(item.code, lane))
         jobs = build_jobs(len(sides.candidate.cpus) or len(os.sched_getaffinity(0)), self._compile_workers())
         env = {**sides.env, "MAX_JOBS": os.environ.get("MAX_JOBS", str(jobs))}
@@ -1045,7 +1079,12 @@ class Evaluator:
             timeout=3 * config.compile_timeout_s,
             cancel=item.cancel,
         )
-        outcome = evaluation.build(walls, config.compile_timeout_s)
+        item.evaluation = evaluation
+        try:
+            with BuildDirectory(build_dir):
+                outcome = evaluation.build(walls, config.compile_timeout_s)
+        finally:
+            item.evaluation = None
         item.stages["build"] = outcome.seconds
         answer = outcome.answer
         if answer is None:
@@ -1157,6 +1196,30 @@ class Evaluator:
                     return item.state
         return "pending"
 
+    def activity(self, future: concurrent.futures.Future[EvaluationResult]) -> str:
+        """What a submitted evaluation does or waits for now, in words: its state, and while it
+        runs, the lock, gate, process or answer it waits on (the watchdog's report)."""
+        with self._pipeline_lock:
+            item = next((i for i in self._items if i.future is future), None)
+        if item is None:
+            return "done" if future.done() else "pending"
+        if item.state == "pending":
+            return "queued for a lane"
+        evaluation = item.evaluation
+        if item.state == "building":
+            if evaluation is None or not evaluation.build_pid:
+                return "building: starting"
+            cpu = tree_cpu_seconds(evaluation.build_pid)
+            text = f"building: {cpu:.0f} s of CPU so far"
+            locks = BuildDirectory(item.build_dir).lock_files() if item.build_dir else []
+            if locks:
+                text += f"; torch's build lock {locks[0]} is taken (by this build, or another process of it)"
+            return text
+        if item.waiting:
+            others = [pid for pid in flock_holders(item.device_lock) if pid != os.getpid()]
+            return item.waiting + (f", held by pid {', '.join(map(str, others))}" if others else "")
+        return f"running: {evaluation.doing}" if evaluation is not None else "running"
+
     def _done(
         self, item: _Item, result: EvaluationResult | None = None, error: BaseException | None = None
     ) -> None:
@@ -1222,7 +1285,7 @@ class Evaluator:
         cache: ResultCache | None = None,
         progress: bool = False,
         stop: Callable[[float], bool] | None = None,
-        slow: Callable[[Task, str, float], None] | None = None,
+        slow: Callable[[Task, str, float, str], None] | None = None,
     ) -> list[EvaluationResult]:
         """Judge many candidates over all devices of this evaluator; results in input order.
 
@@ -1232,9 +1295,10 @@ class Evaluator:
         `stop(seconds)`, asked a few times a second with the seconds the evaluations now running
         have spent so far, ends the batch when it answers True: nothing new starts, what runs
         is killed, and `BatchCancelled` carries the results that did finish (the cancelled ones
-        are not cached, so they run again next time). `slow(task, variant_hash, seconds)` names
-        an evaluation that has run for `SLOW_AFTER_S`, and again every `SLOW_AFTER_S` after; the
-        progress bar names it too.
+        are not cached, so they run again next time). `slow(task, variant_hash, seconds, activity)` names
+        an evaluation that has been building or running for `SLOW_AFTER_S`, and again every
+        `SLOW_AFTER_S` after, with what it does or waits on (`activity`); the progress bar
+        names it too.
         """
         self._start()
         pairs = list(items)
@@ -1294,16 +1358,20 @@ class Evaluator:
                     break
                 now = time.monotonic()
                 for future in pending:
-                    if self.state(future) != "running":
+                    # The watchdog: an evaluation that builds or runs this long is named with
+                    # what it waits on (a lock, the gate, a process's answer), never silent.
+                    if self.state(future) not in ("building", "running"):
                         continue
                     since = running_since.setdefault(future, now)
                     if now - since >= reported.get(future, 0.0) + SLOW_AFTER_S:
                         reported[future] = now - since
                         task, code = unique[futures[future]]
-                        text = f"{task.name} {source_hash(code)[:12]} running {now - since:.0f} s"
-                        bar.set_postfix_str(text)
+                        doing = self.activity(future)
+                        bar.set_postfix_str(
+                            f"{task.name} {source_hash(code)[:12]} {now - since:.0f} s: {doing}"
+                        )
                         if slow is not None:
-                            slow(task, source_hash(code), now - since)
+                            slow(task, source_hash(code), now - since, doing)
                 if stop is not None and pending:
                     running = [f for f in pending if f.running()]
                     for future in running:

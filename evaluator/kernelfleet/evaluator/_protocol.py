@@ -160,6 +160,9 @@ class Evaluation:
         # whichever processes start.
         self.launch_floor = launch_floor
         self.timing_now = False  # this evaluation holds the timing lane: its steps pass
+        # What it does or waits for now, in words (the evaluator's watchdog names it).
+        self.doing = "starting its processes"
+        self.build_pid = 0  # the host pid of a build's process, while it builds
         self.reasons: list[str] = []
         self.settings: dict[str, str] = {}
         self.flag_values: dict[str, Any] = {}
@@ -237,10 +240,12 @@ class Evaluation:
         gate meanwhile); yields the seconds waited for it, which are not the candidate's time."""
         begin = time.monotonic()
         if self.take_lane is not None:
+            self.doing = "waiting for the device's timing lane"
             self.take_lane()
         waited = time.monotonic() - begin
         self.deadline += waited
         self.timing_now = True
+        self.doing = "timing"
         try:
             yield waited
         finally:
@@ -281,7 +286,9 @@ class Evaluation:
             yield
             return
         try:
+            doing, self.doing = self.doing, "waiting for the device's gate (another evaluation is timing)"
             with self.gpu_gate.step(self.cancel, self) as waited:
+                self.doing = doing
                 self.deadline += waited
                 self.stages["gpu_wait"] = self.stages.get("gpu_wait", 0.0) + waited
                 yield
@@ -290,6 +297,8 @@ class Evaluation:
 
     def ask_judge(self, message: dict[str, Any]) -> dict[str, Any]:
         self._settle_judge()
+        if not self.timing_now:
+            self.doing = f"waiting for the judge's answer to {message.get('op')!r}"
         with self._gpu_step(message):
             self._post_judge(message)
             return self._settle_judge()
@@ -354,6 +363,8 @@ class Evaluation:
         places tensors on the device too, and a step that ended with the candidate's answer let
         that run on while another evaluation timed (0.8.5)."""
         assert self.cand is not None
+        if not self.timing_now:
+            self.doing = f"waiting for the candidate's answer to {message.get('op')!r}"
         try:
             with self._gpu_step(message):
                 if judge_meanwhile is not None:
@@ -1062,8 +1073,9 @@ class Evaluation:
         timed_out = cancelled = False
         description = ""
         self.cand = self._spawn_build(build_walls)
+        self.doing = "compiling"
         try:
-            pid = host_pid(self.sandbox, self.cand)
+            pid = self.build_pid = host_pid(self.sandbox, self.cand)
             if pid:
                 # Compilers are throughput work: at a low priority (inherited by ninja and nvcc)
                 # they take no CPU from a timing whose reference is bound by kernel launches.

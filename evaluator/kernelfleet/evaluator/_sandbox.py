@@ -695,6 +695,19 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+def alive(pids: Iterable[int]) -> list[int]:
+    """Those of `pids` that still run (a zombie, ended but not yet reaped, does not)."""
+    running = []
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state != "Z":
+            running.append(pid)
+    return running
+
+
 def host_pid(sandbox: Sandbox, child: SandboxChild) -> int:
     """The child's pid as this process sees it (0 if not found): the zygote reports pids of
     its own PID namespace, which inside bubblewrap differ from ours."""
