@@ -418,13 +418,18 @@ def main(argv: list[str] | None = None) -> int:
         utilisation=[u for _, u, _ in sampler.samples],
     )
     report["optimize"] = main_run
-    if args.kernelbench:
-        report["kernelbench"] = kernelbench_side(args, names, rows)
     stamp = dt.date.today().isoformat() + (f"-{args.tag}" if args.tag else "")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"optimize_replay-{stamp}.json").write_text(json.dumps(report, indent=1, default=str))
-    (out / f"optimize_replay-{stamp}.md").write_text(markdown(report))
+
+    def write() -> None:  # after each side, so that a call cut short keeps what it measured
+        (out / f"optimize_replay-{stamp}.json").write_text(json.dumps(report, indent=1, default=str))
+        (out / f"optimize_replay-{stamp}.md").write_text(markdown(report))
+
+    write()
+    if args.kernelbench:
+        report["kernelbench"] = kernelbench_side(args, names, rows)
+        write()
     print(markdown(report))
     failed = main_run["stalled"] or main_run["returncode"] != 0 or done["evaluations"] < len(names)
     if "killed" in report:
