@@ -27,8 +27,9 @@ import contextlib
 import hashlib
 import logging
 import random
+import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -37,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kernelfleet.core.errors import EvaluationCancelled, UsageError
 from kernelfleet.core.models import (
+    BUDGET_STOPS,
     Environment,
     EvaluationResult,
     ResultKey,
@@ -71,7 +73,7 @@ class EvaluatorLike(Protocol):
         slow: Callable[[Task, str, float], None] | None = None,
     ) -> list[EvaluationResult]: ...
 
-    def baselines(self, task: Task) -> dict[str, Timing]: ...
+    def baselines(self, task: Task, cancel: threading.Event | None = None) -> dict[str, Timing]: ...
 
 
 class LoopSettings(BaseModel):
@@ -160,6 +162,7 @@ class _ResultSink:
 # The evaluator's reason code for a task whose own reference fails: the task is at fault, not
 # the variant, so such a result is neither stored nor counted, and the task stops.
 REFERENCE_ERROR = "reference-error"
+
 COMPILE_POLICY = "compile"
 
 
@@ -190,6 +193,7 @@ class OptimizationLoop:
         settings: LoopSettings | None = None,
         progress: Progress | None = None,
         lease_scope: str = "",
+        started_at: float | None = None,
     ) -> None:
         if not policies:
             raise UsageError("the loop needs at least one policy")
@@ -210,6 +214,10 @@ class OptimizationLoop:
         self._states: dict[str, _TaskState] = {}
         self._codes: dict[str, str] = {}
         self._gpu_used = 0.0
+        # When the wall-time clock started (time.monotonic()); None: when `run` is called. The
+        # command line passes its own start, so that loading tasks and starting the evaluator
+        # count against --wall-time too.
+        self.started_at = started_at
         self._started = 0.0
         self._stop: str | None = None
         self._lease: RunLease | None = None
@@ -242,7 +250,7 @@ class OptimizationLoop:
                 self._lease = None
 
     def _run(self, tasks: Iterable[Task]) -> list[TaskSummary]:
-        self._started = time.monotonic()
+        self._started = self.started_at if self.started_at is not None else time.monotonic()
         self._stop = None
         self._states = {}
         self._known = {}
@@ -263,14 +271,12 @@ class OptimizationLoop:
         unsettled = self._provisional_tasks()
         for state in self._states.values():
             summary = self._stored_summary(state)
-            # A search cut short by this call's wall time continues when the call is repeated;
-            # so does one that left results to measure again (provisional: a timing that did
-            # not settle); every other ending is final for this budget.
-            if (
-                summary is not None
-                and summary.stop_reason != "wall-time"
-                and state.task.hash[:16] not in unsettled
-            ):
+            # A search cut short by a budget continues when the call is repeated, as long as the
+            # budget allows more (wall time counts this call only; GPU-seconds count the stored
+            # results, and a cancelled evaluation stored none); so does one that left results to
+            # measure again (provisional: a timing that did not settle). Every other ending is
+            # final for this budget.
+            if summary is not None and not self._continues(summary) and state.task.hash[:16] not in unsettled:
                 state.summary = summary
                 self.progress.task_finished(summary, resumed=True)
         try:
@@ -291,6 +297,11 @@ class OptimizationLoop:
                         self._finish(state, "task-error")
                     elif target is not None and best is not None and (best.speedup or 0.0) >= target:
                         self._finish(state, "target")
+                    elif self._stop:
+                        # A spent budget ends the task with its own reason, even when the policies
+                        # have nothing more to offer: what they offered may not be evaluated yet,
+                        # and only a budget stop lets a repeated command continue.
+                        continue
                     elif len(state.exhausted) == len(self.policies):
                         self._finish(state, "exhausted")
                 if self._stop:
@@ -301,6 +312,13 @@ class OptimizationLoop:
         finally:
             self.progress.close()
         return [summary for task in ordered if (summary := self._states[task.hash].summary) is not None]
+
+    def _continues(self, summary: TaskSummary) -> bool:
+        """Whether a stored summary's search goes on in this call: it was stopped by a budget
+        that has something left now."""
+        if summary.stop_reason == "wall-time":
+            return True
+        return summary.stop_reason == "gpu-seconds" and self._budget_stop() is None
 
     def _budget_stop(self, in_flight_s: float = 0.0) -> str | None:
         """The budget that has run out, if any; `in_flight_s`: seconds that evaluations still
@@ -313,6 +331,36 @@ class OptimizationLoop:
         if self.budget.gpu_seconds is not None and self._gpu_used + in_flight_s >= self.budget.gpu_seconds:
             return "gpu-seconds"
         return None
+
+    @property
+    def _limited(self) -> bool:
+        return self.budget.wall_time_seconds is not None or self.budget.gpu_seconds is not None
+
+    @contextlib.contextmanager
+    def _budget_watch(self) -> Iterator[threading.Event | None]:
+        """An event set when the budget runs out while a measurement that the evaluator cannot
+        split runs (the baselines); None without a time budget. GPU-seconds count the
+        measurement's own seconds as they pass, like an evaluation in flight."""
+        if not self._limited:
+            yield None
+            return
+        cancel, done = threading.Event(), threading.Event()
+        begun = time.monotonic()
+
+        def watch() -> None:
+            while not done.wait(0.25):
+                if self._budget_stop(time.monotonic() - begun) is not None:
+                    cancel.set()
+                    return
+
+        watcher = threading.Thread(target=watch, name="budget-watch", daemon=True)
+        watcher.start()
+        try:
+            yield cancel
+        finally:
+            done.set()
+            watcher.join()
+            self._gpu_used += time.monotonic() - begun
 
     def _stop_batch(self, in_flight_s: float) -> bool:
         self._stop = self._stop or self._budget_stop(in_flight_s)
@@ -518,13 +566,12 @@ class OptimizationLoop:
             if not chunk:
                 continue
             items = [(state.task, code) for state, _, code in coded]
-            limited = self.budget.wall_time_seconds is not None or self.budget.gpu_seconds is not None
             try:
                 results: Sequence[EvaluationResult | None] = self.evaluator.evaluate_batch(
                     items,
                     cache=sink,
                     progress=False,
-                    stop=self._stop_batch if limited else None,
+                    stop=self._stop_batch if self._limited else None,
                     slow=self._slow,
                 )
             except EvaluationCancelled as cancelled:
@@ -607,9 +654,13 @@ class OptimizationLoop:
     def _finish(self, state: _TaskState, reason: str) -> None:
         # A spent budget starts nothing more: baselines and the re-verification are taken from
         # the store when there, else left to a resumed run.
-        spent = reason in ("wall-time", "gpu-seconds")
+        spent = reason in BUDGET_STOPS
         baselines = self._baselines(state, measure=not spent) if self.settings.measure_baselines else {}
         chosen, verification = self._verify(state, measure=not spent)
+        if not spent and self._stop in BUDGET_STOPS and self._cut_short(state, baselines, verification):
+            # The budget ran out while the task was being finished: what was cut short is left
+            # to a resumed run, which a budget stop allows.
+            reason = self._stop
         speedup = chosen.speedup if chosen is not None else None
         if speedup is not None and verification is not None and verification.speedup is not None:
             # Like the evaluator's own re-check: of two honest measurements, the lower counts.
@@ -654,6 +705,15 @@ class OptimizationLoop:
         state.summary = summary
         self.progress.task_finished(summary, resumed=False)
 
+    def _cut_short(
+        self, state: _TaskState, baselines: dict[str, Timing], verification: EvaluationResult | None
+    ) -> bool:
+        """Whether a measurement `_finish` wanted is missing: the baselines, or a verification
+        of a task that has a correct variant."""
+        missing_baselines = self.settings.measure_baselines and not baselines
+        unverified = self.settings.verify_best and verification is None and state.db.best() is not None
+        return missing_baselines or unverified
+
     @staticmethod
     def _compile_speedup(state: _TaskState, baselines: dict[str, Timing]) -> float | None:
         """torch.compile of the reference over eager. The compile policy's plain torch.compile
@@ -682,10 +742,15 @@ class OptimizationLoop:
                     f"object {self.store.url_for(key)} holds no valid baselines ({error})", key
                 )
             )
-        if not measure:
+        if not measure or self._budget_stop() is not None:
             return {}
         try:
-            measured = self.evaluator.baselines(state.task)
+            with self._budget_watch() as cancel:
+                measured = self.evaluator.baselines(state.task, cancel=cancel)
+        except EvaluationCancelled:
+            self._stop = self._stop or self._budget_stop() or "wall-time"
+            self.progress.message(f"{state.task.name}: baselines cancelled at the {self._stop} limit")
+            return {}
         except Exception as error:  # a baseline is context, not the result: report and go on
             self.progress.message(
                 f"{state.task.name}: baselines not measured ({error}); will retry on resume"
@@ -712,9 +777,18 @@ class OptimizationLoop:
             )
             result = read_model(self.store, key, EvaluationResult, self._corrupt)
             if result is None:
-                if not measure:
+                if not measure or self._budget_stop() is not None:
                     return (ranked[0] if ranked else None), None
-                result = self.evaluator.evaluate(state.task, entry.code)
+                try:
+                    [result] = self.evaluator.evaluate_batch(
+                        [(state.task, entry.code)],
+                        cache=None,
+                        stop=self._stop_batch if self._limited else None,
+                    )
+                except EvaluationCancelled:
+                    # Cancelled at the limit: nothing of it is stored, a resumed run verifies again.
+                    self._stop = self._stop or self._budget_stop() or "wall-time"
+                    return (ranked[0] if ranked else None), None
                 with contextlib.suppress(ObjectConflict):  # only a corrupt copy can be in the way
                     self.store.put_json(key, result)
                 self._gpu_used += result.seconds
@@ -740,9 +814,11 @@ def optimize(
     settings: LoopSettings | None = None,
     progress: Progress | None = None,
     lease_scope: str = "",
+    started_at: float | None = None,
 ) -> list[TaskSummary]:
     """Run the contrastive loop over `tasks`; see `OptimizationLoop`. `lease_scope`, a path below
-    the run, makes the lease cover only the part of the run this call works on."""
+    the run, makes the lease cover only the part of the run this call works on; `started_at`
+    (time.monotonic()) starts the wall-time clock earlier than the call."""
     loop = OptimizationLoop(
         store=store,
         prefix=prefix,
@@ -753,5 +829,6 @@ def optimize(
         settings=settings,
         progress=progress,
         lease_scope=lease_scope,
+        started_at=started_at,
     )
     return loop.run(tasks)

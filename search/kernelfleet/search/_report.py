@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from kernelfleet.core.errors import UsageError
-from kernelfleet.core.models import EvaluationResult, Task, TaskSummary, Verdict
+from kernelfleet.core.models import BUDGET_STOPS, EvaluationResult, Task, TaskSummary, Verdict
 from kernelfleet.core.store import CorruptObject, NotFound, Store
 from kernelfleet.search._layout import (
     RunLayout,
@@ -51,10 +51,12 @@ class SpeedupStats:
 
 def speedup_stats(values: Iterable[float | None]) -> SpeedupStats:
     """Mean, median, geometric mean, and how many exceed 1.01x. A missing value counts as 1.0:
-    a task without a verified variant keeps its reference, which is what a user would run."""
-    speedups = [value if value is not None and value > 0 else 1.0 for value in values]
-    if not speedups:
-        return SpeedupStats(0, None, None, None, 0)
+    a task without a verified variant keeps its reference, which is what a user would run. When
+    no task has a value there is nothing to average: the figures are None, not 1.0x."""
+    given = list(values)
+    speedups = [value if value is not None and value > 0 else 1.0 for value in given]
+    if not any(value is not None and value > 0 for value in given):
+        return SpeedupStats(len(given), None, None, None, 0)
     geomean = math.exp(sum(math.log(value) for value in speedups) / len(speedups))
     return SpeedupStats(
         count=len(speedups),
@@ -139,6 +141,9 @@ class TaskOutcome:
     def status(self) -> str:
         if self.summary is None:
             return "running" if self.results else "pending"
+        if self.summary.stop_reason in BUDGET_STOPS:
+            # Stopping is not finishing: the same command continues it.
+            return f"stopped ({self.summary.stop_reason}), not finished"
         if self.summary.best_speedup is None:
             return f"done ({self.summary.stop_reason}), nothing verified"
         return f"done ({self.summary.stop_reason})" + ("" if self.summary.verified else ", not re-verified")
@@ -290,12 +295,17 @@ def format_table(outcomes: Sequence[TaskOutcome]) -> str:
     out = [line(header), line(["-" * width for width in widths])]
     out.extend(line(row) for row in rows)
     stats = speedup_stats(outcome.best_speedup for outcome in outcomes)
-    if stats.count:
+    missing = sum(1 for outcome in outcomes if outcome.best_speedup is None)
+    if stats.geomean is not None and stats.median is not None and stats.mean is not None:
         out.append("")
         out.append(
             f"{stats.count} task(s): geomean {stats.geomean:.2f}x, median {stats.median:.2f}x, "
             f"mean {stats.mean:.2f}x over eager; {stats.improved} improved by more than 1%"
+            + (f" ({missing} without a verified variant counted as 1.00x)" if missing else "")
         )
+    elif stats.count:
+        out.append("")
+        out.append(f"{stats.count} task(s), none with a verified variant yet: no speedup to summarise")
     if any(
         outcome.best_speedup is not None and not (outcome.summary and outcome.summary.verified)
         for outcome in outcomes

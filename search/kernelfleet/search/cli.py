@@ -12,6 +12,7 @@ import argparse
 import hashlib
 import json
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -235,6 +236,7 @@ def _warn_skipped(report: RunReport) -> None:
 
 
 def run_optimize(args: argparse.Namespace) -> int:
+    started_at = time.monotonic()  # --wall-time counts the whole command, set-up included
     if args.run is not None and not RUN_ID.match(args.run):
         raise UsageError(f"--run {args.run!r}: use letters, digits, '.', '_' and '-' (up to 100)")
     options = POLICY_OPTIONS.build(args)
@@ -294,6 +296,7 @@ def run_optimize(args: argparse.Namespace) -> int:
                 budget=budget,
                 settings=settings,
                 progress=progress,
+                started_at=started_at,
             )
     except PolicyError as error:
         raise UsageError(str(error)) from None
