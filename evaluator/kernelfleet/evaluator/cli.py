@@ -207,7 +207,8 @@ def _interrupt(*_: object) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from kernelfleet.evaluator._service import EvaluationService, ServiceServer
+    from kernelfleet.evaluator._http import ServiceServer
+    from kernelfleet.evaluator._service import EvaluationService
 
     if args.max_queue < 1:
         raise UsageError("--max-queue must be at least 1")
