@@ -37,6 +37,7 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kernelfleet.core.errors import EvaluationCancelled, UsageError
+from kernelfleet.core.hashing import source_hash
 from kernelfleet.core.models import (
     BUDGET_STOPS,
     Environment,
@@ -48,9 +49,24 @@ from kernelfleet.core.models import (
     Verdict,
 )
 from kernelfleet.core.settings import Budget
-from kernelfleet.core.store import CorruptObject, NotFound, ObjectConflict, ResultConflict, RunLease, Store
+from kernelfleet.core.store import (
+    CorruptObject,
+    NotFound,
+    ObjectConflict,
+    ResultConflict,
+    RunLease,
+    Store,
+    encode_json,
+)
 from kernelfleet.search._database import Entry, VariantDatabase
-from kernelfleet.search._layout import ANSWER_LIMIT, RunLayout, SampleRecord, read_model, task_object
+from kernelfleet.search._layout import (
+    ANSWER_LIMIT,
+    RunLayout,
+    SampleRecord,
+    read_model,
+    summary_damage,
+    task_object,
+)
 from kernelfleet.search._progress import Progress, QuietProgress
 from kernelfleet.search._prompts import Exemplar
 from kernelfleet.search.policies._base import Policy, Proposal, Request
@@ -146,6 +162,12 @@ class _TaskState:
             self.proposed.add(record.variant_hash)
 
 
+class _Baselines(BaseModel):
+    """The stored baselines of a task (the check that a stored copy is intact)."""
+
+    baselines: dict[str, Timing]
+
+
 class _ResultSink:
     """The evaluator's result cache, backed by the store: each result is kept as it arrives."""
 
@@ -211,6 +233,7 @@ class OptimizationLoop:
         self.settings = settings or LoopSettings()
         self.progress: Progress = progress or QuietProgress()
         self._known: dict[ResultKey, EvaluationResult] = {}
+        self._damaged_tasks: set[str] = set()  # tasks (16 characters of the hash) with a damaged result
         self._states: dict[str, _TaskState] = {}
         self._codes: dict[str, str] = {}
         self._gpu_used = 0.0
@@ -254,6 +277,7 @@ class OptimizationLoop:
         self._stop = None
         self._states = {}
         self._known = {}
+        self._damaged_tasks = set()
         self._gpu_used = 0.0
         ordered: list[Task] = []
         for task in tasks:
@@ -277,6 +301,12 @@ class OptimizationLoop:
             # measure again (provisional: a timing that did not settle). Every other ending is
             # final for this budget.
             if summary is not None and not self._continues(summary) and state.task.hash[:16] not in unsettled:
+                damage = self._damage(state, summary)
+                if damage:
+                    # Never reported as a result: the search runs again over what is stored,
+                    # which measures the damaged results again and restores lost code.
+                    self.progress.message(f"{state.task.name}: {damage}; searching it again to repair it")
+                    continue
                 state.summary = summary
                 self.progress.task_finished(summary, resumed=True)
         try:
@@ -312,6 +342,27 @@ class OptimizationLoop:
         finally:
             self.progress.close()
         return [summary for task in ordered if (summary := self._states[task.hash].summary) is not None]
+
+    def _damage(self, state: _TaskState, summary: TaskSummary) -> str:
+        """What of a stored summary's word the store no longer backs ("" when all is intact)."""
+        results = {
+            key.variant_hash: result
+            for key, result in self._known.items()
+            if key.task_hash == state.task.hash
+        }
+        damaged = state.task.hash[:16] in self._damaged_tasks
+        return summary_damage(self.store, self.layout, summary, results, damaged, self._corrupt)
+
+    def _put_repairing(self, key: str, obj: BaseModel | dict[str, Any], model: type[BaseModel]) -> None:
+        """Store `obj` at `key`; a damaged object in the way (it does not read as `model`) is
+        replaced, an intact one stands."""
+        try:
+            self.store.put_json(key, obj)
+        except ObjectConflict:
+            try:
+                self.store.read_record(key, model)
+            except CorruptObject:
+                self.store.repair(key, encode_json(obj))
 
     def _continues(self, summary: TaskSummary) -> bool:
         """Whether a stored summary's search goes on in this call: it was stopped by a budget
@@ -377,9 +428,12 @@ class OptimizationLoop:
 
     def _corrupt(self, error: CorruptObject) -> None:
         """A stored object that cannot be read: name it and carry on without it (what it held
-        is measured or asked again, and the new object goes under a new key where needed)."""
+        is measured or asked again, and the new object replaces it or goes under a new key)."""
         log.warning("%s", error)
         self.progress.message(f"skipped: {error}")
+        marker = f"{self.layout.prefix}/results/"
+        if error.key.startswith(marker):
+            self._damaged_tasks.add(error.key[len(marker) :].split("/", 1)[0])
 
     def _provisional_tasks(self) -> set[str]:
         """Tasks (by the 16 characters of their hash in keys) with a provisional result on this GPU
@@ -519,17 +573,67 @@ class OptimizationLoop:
             return read_model(self.store, key, SampleRecord, self._corrupt) or record
         return record
 
-    def _code(self, variant_hash: str) -> str | None:
-        """The variant's code; None when its stored copy is corrupt (reported)."""
+    def _code(
+        self, variant_hash: str, state: _TaskState | None = None, record: SampleRecord | None = None
+    ) -> str | None:
+        """The variant's code, checked against its hash. When the store lost it (missing or
+        damaged, reported), it is restored from `record`, the sample that proposed it, where
+        possible (`_restore_code`); None otherwise."""
         code = self._codes.get(variant_hash)
         if code is None:
             try:
                 code = self.store.get_variant(variant_hash)
-            except CorruptObject as error:
-                self._corrupt(error)
-                return None
+            except (NotFound, CorruptObject) as error:
+                if isinstance(error, CorruptObject):
+                    self._corrupt(error)
+                if state is None or record is None:
+                    return None
+                return self._restore_code(state, record)
             self._codes[variant_hash] = code
         return code
+
+    def _restore_code(self, state: _TaskState, record: SampleRecord) -> str | None:
+        """Code the store lost, found again: parsed from the answer recorded with its sample, or
+        proposed again by the same policy for the same request (the deterministic policies,
+        compile and replay, give the same code again). Stored again when, and only when, it
+        hashes to the variant; otherwise the variant's result cannot be used (reported)."""
+        variant = record.variant_hash or ""
+        found: str | None = None
+        if record.answer:
+            parsed = Proposal.from_answer(record.answer).code
+            if parsed is not None and source_hash(parsed) == variant:
+                found = parsed
+        policy = next((p for p in self.policies if p.id == record.policy_id), None)
+        if found is None and policy is not None:
+            request = Request(
+                task=state.task,
+                device=self.environment.device,
+                gpu_class=self.gpu_class,
+                round=record.round,
+                index=record.index,
+                seen=state.seen() - {variant, record.key},
+                seed=_seed(
+                    self.settings.seed, state.task.hash, self.gpu_class, record.round, policy.id, record.index
+                )
+                % (2**31),
+            )
+            try:
+                [proposal] = policy.propose([request])
+            except Exception as error:
+                log.warning("asking %s again for lost code failed: %s", policy.name, error)
+            else:
+                if proposal.code is not None and source_hash(proposal.code) == variant:
+                    found = proposal.code
+        if found is None:
+            self.progress.message(
+                f"{state.task.name}: the code of variant {variant[:12]} is missing from the store and "
+                "could not be restored; its result is not used"
+            )
+            return None
+        self.store.put_variant(found, check=True)  # over a damaged copy too: the key is the content's address
+        self._codes[variant] = found
+        self.progress.message(f"{state.task.name}: restored the code of variant {variant[:12]} in the store")
+        return found
 
     def _key(self, task_hash: str, variant_hash: str) -> ResultKey:
         return ResultKey(
@@ -541,9 +645,11 @@ class OptimizationLoop:
 
     def _evaluate(self, slots: list[tuple[int, _TaskState, SampleRecord]]) -> None:
         pending: dict[tuple[str, str], _TaskState] = {}
+        records: dict[tuple[str, str], SampleRecord] = {}
         for _, state, record in slots:
             if record.variant_hash and record.variant_hash not in state.db:
                 pending.setdefault((state.task.hash, record.variant_hash), state)
+                records.setdefault((state.task.hash, record.variant_hash), record)
         todo = [
             (state, variant_hash)
             for (task_hash, variant_hash), state in pending.items()
@@ -556,11 +662,12 @@ class OptimizationLoop:
             self._stop = self._stop or self._budget_stop()
             if self._stop:
                 break
-            # A variant whose stored code is corrupt (reported) cannot be evaluated.
+            # A variant whose stored code is lost and cannot be restored (reported) cannot be evaluated.
             coded = [
                 (state, variant, code)
                 for state, variant in todo[start : start + size]
-                if not state.task_error and (code := self._code(variant)) is not None
+                if not state.task_error
+                and (code := self._code(variant, state, records[(state.task.hash, variant)])) is not None
             ]
             chunk = [(state, variant) for state, variant, _ in coded]
             if not chunk:
@@ -592,7 +699,7 @@ class OptimizationLoop:
             if not record.variant_hash or record.variant_hash in state.db:
                 continue
             known = self._known.get(self._key(state.task.hash, record.variant_hash))
-            code = self._code(record.variant_hash) if known is not None else None
+            code = self._code(record.variant_hash, state, record) if known is not None else None
             if known is None or code is None:
                 continue
             entry = Entry(
@@ -756,11 +863,11 @@ class OptimizationLoop:
                 f"{state.task.name}: baselines not measured ({error}); will retry on resume"
             )
             return {}
-        with contextlib.suppress(ObjectConflict):  # a corrupt copy is in the way: keep these in memory
-            self.store.put_json(
-                key,
-                {"baselines": {name: timing.model_dump(mode="json") for name, timing in measured.items()}},
-            )
+        self._put_repairing(
+            key,
+            {"baselines": {name: timing.model_dump(mode="json") for name, timing in measured.items()}},
+            _Baselines,
+        )
         return dict(measured)
 
     def _verify(
@@ -775,7 +882,13 @@ class OptimizationLoop:
             key = self.layout.verification(
                 state.task.hash, self.gpu_class, self.evaluator_version, entry.variant_hash
             )
-            result = read_model(self.store, key, EvaluationResult, self._corrupt)
+            try:
+                result = self.store.read_record(key, EvaluationResult)
+            except NotFound:
+                result = None
+            except CorruptObject as error:
+                self._corrupt(error)
+                result = None
             if result is None:
                 if not measure or self._budget_stop() is not None:
                     return (ranked[0] if ranked else None), None
@@ -789,8 +902,7 @@ class OptimizationLoop:
                     # Cancelled at the limit: nothing of it is stored, a resumed run verifies again.
                     self._stop = self._stop or self._budget_stop() or "wall-time"
                     return (ranked[0] if ranked else None), None
-                with contextlib.suppress(ObjectConflict):  # only a corrupt copy can be in the way
-                    self.store.put_json(key, result)
+                self._put_repairing(key, result, EvaluationResult)
                 self._gpu_used += result.seconds
             if result.verdict == Verdict.CORRECT:
                 # Correct again; a re-timing too noisy to give a speedup leaves the search's.

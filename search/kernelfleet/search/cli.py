@@ -230,9 +230,17 @@ def _warn(message: str) -> None:
     print(f"warning: {message}", file=sys.stderr)
 
 
-def _warn_skipped(report: RunReport) -> None:
+def _warn_skipped(report: RunReport, store_flag: str = "") -> None:
     for message in report.skipped:
         _warn(f"left out: {message}")
+    for outcome in report.outcomes:
+        if outcome.damage:
+            _warn(
+                f"task {outcome.task.name} on {outcome.gpu_class}: {outcome.damage}, so no result is shown "
+                f"for it. Run the `kernelfleet optimize` command that made run {report.name} again (for a "
+                "cluster job: submit it again): it measures what is damaged again and restores lost code. "
+                f"`kernelfleet store verify{store_flag} {report.prefix}` lists every problem"
+            )
 
 
 def run_optimize(args: argparse.Namespace) -> int:
@@ -336,7 +344,7 @@ def run_results(args: argparse.Namespace) -> int:
         return 0
     store, prefix = open_run(args)
     report = load_run(store, prefix, with_code=args.code or args.json)
-    _warn_skipped(report)
+    _warn_skipped(report, f" {store.url}")
     if args.json:
         rows = []
         for outcome in report.outcomes:
@@ -351,6 +359,7 @@ def run_results(args: argparse.Namespace) -> int:
                     "policy": outcome.best_policy or None,
                     "variant_hash": outcome.best_variant_hash,
                     "verdicts": dict(outcome.verdicts),
+                    "damage": outcome.damage or None,
                     "summary": outcome.summary.model_dump(mode="json") if outcome.summary else None,
                     "code": outcome.best_code,
                 }
@@ -367,7 +376,7 @@ def run_results(args: argparse.Namespace) -> int:
 def run_report(args: argparse.Namespace) -> int:
     store, prefix = open_run(args)
     report = load_run(store, prefix)
-    _warn_skipped(report)
+    _warn_skipped(report, f" {store.url}")
     slug = "".join(char if char.isalnum() or char in "._-" else "-" for char in report.name)
     output = Path(args.output or f"kernelfleet-report-{slug}.html")
     try:
