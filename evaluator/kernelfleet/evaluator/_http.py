@@ -27,6 +27,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
+from kernelfleet.core.jsontext import dumps
 from kernelfleet.evaluator._config import PROFILES
 from kernelfleet.evaluator._service import (
     MAX_BATCH,
@@ -97,7 +98,7 @@ class ErrorAnswer(BaseModel):
 
 
 def _json(status: int, body: Any, headers: Mapping[str, str] | None = None) -> Response:
-    return Response((json.dumps(body) + "\n").encode(), status, dict(headers or {}), "application/json")
+    return Response((dumps(body) + "\n").encode(), status, dict(headers or {}), "application/json")
 
 
 def _error(status: int, message: str, headers: Mapping[str, str] | None = None) -> Response:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import sys
 import time
 from collections.abc import Sequence
@@ -19,6 +18,7 @@ from typing import Any
 
 from kernelfleet.core.errors import UsageError
 from kernelfleet.core.job_options import BUDGET_OPTIONS, EVALUATION_OPTIONS, parse_duration
+from kernelfleet.core.jsontext import dumps
 from kernelfleet.core.models import Environment, Task
 from kernelfleet.core.options import Flag, ModelOptions
 from kernelfleet.core.run_location import add_location_flags, store_config
@@ -312,7 +312,7 @@ def run_optimize(args: argparse.Namespace) -> int:
         for policy in policies:
             policy.close()
     if args.json:
-        print(json.dumps([summary.model_dump(mode="json") for summary in summaries], indent=2))
+        print(dumps([summary.model_dump(mode="json") for summary in summaries], indent=2))
         return 0
     report = load_run(store, layout.prefix, with_code=False)
     _warn_skipped(report)
@@ -336,7 +336,7 @@ def run_results(args: argparse.Namespace) -> int:
         store = open_store(args.store, store_config(args))
         runs = list_runs(store)
         if args.json:
-            print(json.dumps(runs))
+            print(dumps(runs))
         elif runs:
             print("\n".join(runs))
         else:
@@ -364,7 +364,7 @@ def run_results(args: argparse.Namespace) -> int:
                     "code": outcome.best_code,
                 }
             )
-        print(json.dumps({"run": report.name, "stats": report.stats().as_dict(), "tasks": rows}, indent=2))
+        print(dumps({"run": report.name, "stats": report.stats().as_dict(), "tasks": rows}, indent=2))
         return 0
     print(format_table(report.outcomes))
     if args.code:

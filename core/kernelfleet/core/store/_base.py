@@ -33,6 +33,7 @@ from pydantic import BaseModel, ValidationError
 
 from kernelfleet.core.errors import KernelfleetError, UsageError
 from kernelfleet.core.hashing import normalize_source, source_hash
+from kernelfleet.core.jsontext import dumps
 from kernelfleet.core.models import EvaluationResult, ResultKey
 from kernelfleet.core.store._errors import (
     CorruptObject,
@@ -84,12 +85,12 @@ class CheckStep:
 
 
 def encode_json(obj: BaseModel | dict[str, Any]) -> bytes:
-    """Canonical JSON (sorted keys): the same value always gives the same bytes, so rewriting
-    it is a no-op rather than a conflict."""
+    """Canonical JSON (sorted keys, non-finite numbers as null): the same value always gives the
+    same bytes, so rewriting it is a no-op rather than a conflict."""
     value = obj.model_dump(mode="json") if isinstance(obj, BaseModel) else obj
     if not isinstance(value, dict):
         raise UsageError(f"put_json stores a pydantic model or a dict, not {type(obj).__name__}")
-    return (json.dumps(value, sort_keys=True, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+    return (dumps(value, sort_keys=True, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
 
 
 def variant_key(variant_hash: str) -> str:
