@@ -1126,8 +1126,13 @@ class Evaluator:
         item.future.set_running_or_notify_cancel()
         try:
             compile(text, "<candidate>", "exec")
-        except (SyntaxError, ValueError) as error:
-            detail = f"{error.msg} (line {error.lineno})" if isinstance(error, SyntaxError) else str(error)
+        except (SyntaxError, ValueError, RecursionError, MemoryError) as error:
+            # Nesting deep enough to exhaust the compiler is as much a compile error as a typo.
+            detail = (
+                f"{error.msg} (line {error.lineno})"
+                if isinstance(error, SyntaxError)
+                else str(error) or f"{type(error).__name__}: the code nests too deeply"
+            )
             result = self._result(
                 item, lanes[0], "compile_error", [R.reason(R.SYNTAX_ERROR, detail)], seconds=0.0
             )

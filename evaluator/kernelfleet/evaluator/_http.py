@@ -216,6 +216,8 @@ def create_app(
             body = json.loads(raw or b"null")
         except (json.JSONDecodeError, UnicodeDecodeError) as error:
             raise RequestError(400, f"the body is not JSON: {error}") from None
+        except RecursionError:
+            raise RequestError(400, "the body's JSON nests too deeply; send evaluation objects") from None
         ids = await run_in_threadpool(service.submit, body)
         answer: dict[str, Any] = {"ids": ids, "status": "pending"}
         if not isinstance(body, list):

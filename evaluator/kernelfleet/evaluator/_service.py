@@ -116,6 +116,8 @@ class EvaluationService:
             raise RequestError(
                 400, f"the reference is not valid Python ({error.msg}, line {error.lineno})"
             ) from None
+        except (ValueError, RecursionError, MemoryError) as error:
+            raise RequestError(400, f"the reference cannot be parsed ({type(error).__name__})") from None
         if missing:
             raise RequestError(
                 400,

@@ -19,6 +19,7 @@ from kernelfleet.evaluator import (
     EvaluationClient,
     EvaluationService,
     Evaluator,
+    ServiceError,
     ServiceLimits,
     ServiceServer,
 )
@@ -231,3 +232,20 @@ def test_the_openapi_schema_describes_the_routes(server: ServiceServer) -> None:
     options = post["requestBody"]["content"]["application/json"]["schema"]["oneOf"]
     assert {"reference", "candidate"} <= set(options[0]["properties"])
     assert {"202", "400", "401", "413", "429"} <= set(post["responses"])
+
+
+def test_json_and_code_that_nest_too_deeply_are_a_400_or_a_compile_error(
+    server: ServiceServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    deep_json = b"[" * 100_000 + b"]" * 100_000
+    with caplog.at_level(logging.INFO):
+        status, _, body = raw(server, POST + f"Content-Length: {len(deep_json)}\n", deep_json)
+        assert status == 400 and "nests too deeply" in one_line(body)
+        deep_code = "x = " + "-" * 500_000 + "1\n"
+        api = EvaluationClient(server.url, token=TOKEN)
+        with pytest.raises(ServiceError) as refused:
+            api.submit(deep_code, C.HONEST)
+        assert refused.value.status == 400 and "cannot be parsed" in str(refused.value)
+        [result] = api.wait([api.submit(C.MATMUL_TASK, deep_code)], timeout=120)
+        assert result["verdict"] == "compile_error"
+    assert not [r for r in caplog.records if r.exc_info]
