@@ -150,6 +150,7 @@ class _TaskState:
     task_error: str = ""
     summary: TaskSummary | None = None
     not_evaluated: int = 0
+    damaged_summaries: list[str] = field(default_factory=list)  # keys of summaries that did not read
 
     def seen(self) -> frozenset[str]:
         return frozenset(self.proposed) | frozenset(entry.variant_hash for entry in self.db)
@@ -286,11 +287,8 @@ class OptimizationLoop:
                     task, VariantDatabase(task.hash, self.gpu_class, self.settings.bucket_width)
                 )
                 ordered.append(task)
-                try:
-                    self.store.put_json(self.layout.task(task.hash), task_object(task))
-                except ObjectConflict as error:
-                    # A damaged copy of this task's object: the task itself is in hand.
-                    self.progress.message(f"{task.name}: {error}; carrying on")
+                # A damaged copy of this task's object is replaced: the task itself is in hand.
+                self._put_repairing(self.layout.task(task.hash), task_object(task), Task)
         self._load_results()
         unsettled = self._provisional_tasks()
         for state in self._states.values():
@@ -453,10 +451,15 @@ class OptimizationLoop:
     def _stored_summary(self, state: _TaskState) -> TaskSummary | None:
         """The newest summary this budget wrote for the task, if any."""
         prefix = self.layout.summary_prefix(state.task.hash, self.gpu_class, self._summary_fingerprint())
+
+        def damaged(error: CorruptObject) -> None:
+            self._corrupt(error)
+            state.damaged_summaries.append(error.key)
+
         found = [
             summary
             for key in self.store.list(prefix)
-            if (summary := read_model(self.store, key, TaskSummary, self._corrupt)) is not None
+            if (summary := read_model(self.store, key, TaskSummary, damaged)) is not None
         ]
         return max(found, key=lambda summary: summary.finished_at) if found else None
 
@@ -568,9 +571,12 @@ class OptimizationLoop:
         try:
             self.store.put_json(key, record)
         except ObjectConflict:
-            # Another worker wrote this sample first: theirs stands (unless it is corrupt:
-            # then ours is used, in memory only).
-            return read_model(self.store, key, SampleRecord, self._corrupt) or record
+            # Another worker wrote this sample first: theirs stands, unless it is damaged: then
+            # ours replaces it.
+            theirs = read_model(self.store, key, SampleRecord, self._corrupt)
+            if theirs is not None:
+                return theirs
+            self.store.repair(key, encode_json(record))
         return record
 
     def _code(
@@ -805,10 +811,16 @@ class OptimizationLoop:
                 self.store.put_json(key, summary)
                 break
             except ObjectConflict:
+                if key in state.damaged_summaries:
+                    break  # replaced with this one below
                 # The same samples summed up again (a repeated wall-time stop, or results measured
                 # again after a timing that had not settled): a new summary beside the old one;
                 # readers take the newest.
                 key = key.removesuffix(".json").rsplit("-r", 1)[0] + f"-r{attempt}.json"
+        for damaged in state.damaged_summaries:
+            # A summary that could not be read says nothing; the task's word now is this one.
+            self.store.repair(damaged, encode_json(summary))
+        state.damaged_summaries.clear()
         state.summary = summary
         self.progress.task_finished(summary, resumed=False)
 

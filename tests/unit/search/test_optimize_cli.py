@@ -16,6 +16,7 @@ import pytest
 
 import kernelfleet.evaluator as evaluator_module
 from kernelfleet.core.errors import UsageError
+from kernelfleet.core.models import TaskSummary
 from kernelfleet.core.store import open_store
 from kernelfleet.search import cli
 from tests.support.search import REFERENCE, ScriptedEvaluator, variant_code
@@ -357,6 +358,8 @@ def test_corrupt_objects_are_named_and_the_rest_is_read(
     key = str(results[0].relative_to(root))
     assert store.read_result(key).key.path() in key
     assert any(k.startswith(f"damaged/{key}-") for k in store.list("damaged/"))
+    summary_key = str(summaries[0].relative_to(root))
+    assert store.read_model(summary_key, TaskSummary).task_name in ("double", "triple")
     assert kernelfleet("results", "demo", "--store", "store") == 0
     out, err = capsys.readouterr()
     assert key not in err and "double" in out and "triple" in out
