@@ -382,6 +382,12 @@ class OptimizationLoop:
         return None
 
     @property
+    def _deadline(self) -> float | None:
+        """When the wall-time budget ends (time.monotonic()), for policies that wait on an endpoint."""
+        limit = self.budget.wall_time_seconds
+        return None if limit is None else self._started + limit
+
+    @property
     def _limited(self) -> bool:
         return self.budget.wall_time_seconds is not None or self.budget.gpu_seconds is not None
 
@@ -502,6 +508,7 @@ class OptimizationLoop:
                             ),
                             seen=state.seen(),
                             seed=seed % (2**31),
+                            deadline=self._deadline,
                         )
                     )
                     places.append((state, key, tuple(e.variant_hash for e in chosen)))
