@@ -20,7 +20,9 @@ from kernelfleet.core.store import NotFound, S3Store, StoreUnavailable, open_sto
 
 MIB = 1024 * 1024
 # Patient enough to outlast a restart of the server, quick enough to keep the test short.
-RESTART_RETRY = RetrySettings(attempts=40, initial_backoff_s=0.1, max_backoff_s=0.5, deadline_s=60)
+RESTART_RETRY = RetrySettings(
+    attempts=40, initial_backoff_s=0.1, max_backoff_s=0.5, deadline_s=60, refused_deadline_s=60
+)
 FAST_RETRY = RetrySettings(attempts=3, initial_backoff_s=0.05, max_backoff_s=0.1, deadline_s=10)
 
 

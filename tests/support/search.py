@@ -116,8 +116,7 @@ class ScriptedEvaluator:
         )
 
     def evaluate(self, task: Task, code: str) -> EvaluationResult:
-        self.verified.append(source_hash(code))
-        return self.judge(task, code, verification=True)
+        return self.evaluate_batch([(task, code)])[0]
 
     def evaluate_batch(
         self,
@@ -127,6 +126,11 @@ class ScriptedEvaluator:
         stop: Any = None,
         slow: Any = None,
     ) -> list[EvaluationResult]:
+        if cache is None:
+            # The loop evaluates without its result cache only to re-verify a best variant.
+            for _, code in items:
+                self.verified.append(source_hash(code))
+            return [self.judge(task, code, verification=True) for task, code in items]
         results: list[EvaluationResult] = []
         for task, code in items:
             if stop is not None and stop(0.0):
@@ -151,7 +155,7 @@ class ScriptedEvaluator:
             results.append(result)
         return results
 
-    def baselines(self, task: Task) -> dict[str, Timing]:
+    def baselines(self, task: Task, cancel: Any = None) -> dict[str, Timing]:
         self.baseline_calls.append(task.name)
         if self.fail_baselines:
             raise RuntimeError("torch.compile is not available")

@@ -17,6 +17,7 @@ are held as `SecretStr`, so printing a configuration never shows them.
 | `KERNELFLEET_S3_CA_FILE` | a PEM bundle for a server with a private certificate authority |
 | `KERNELFLEET_S3_CREATE_BUCKET` | `true` lets kernelfleet create a missing bucket (default `false`) |
 | `KERNELFLEET_S3_RETRY_ATTEMPTS`, `KERNELFLEET_S3_RETRY_DEADLINE_S` | how long to ride out an outage |
+| `KERNELFLEET_S3_RETRY_REFUSED_S` | how long a refused connection is retried (3 s) |
 
 Explicit keys win over the credentials directory, so a developer can override a mounted
 Secret for one command.
@@ -65,7 +66,10 @@ class RetrySettings(BaseModel):
 
     The delay doubles from `initial_backoff_s` up to `max_backoff_s`, with jitter so that many
     workers do not hammer a recovering server in step. Whichever of `attempts` and
-    `deadline_s` runs out first ends the retrying. The defaults ride out a MinIO pod restart.
+    `deadline_s` runs out first ends the retrying. The defaults ride out a slow or overloaded
+    server (timeouts, 5xx). A refused connection means nothing listens at the endpoint (a wrong
+    endpoint, a server not started): it is retried only for `refused_deadline_s`, so that the
+    message comes in seconds; raise it to ride out a server's restart.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -74,6 +78,9 @@ class RetrySettings(BaseModel):
     initial_backoff_s: float = Field(default=0.5, ge=0)
     max_backoff_s: float = Field(default=30.0, ge=0)
     deadline_s: float = Field(default=180.0, gt=0)
+    refused_deadline_s: float = Field(
+        default=3.0, gt=0, description="Seconds a refused connection is retried, within deadline_s."
+    )
 
 
 class StoreConfig(BaseModel):
@@ -158,6 +165,8 @@ class StoreConfig(BaseModel):
             retry["attempts"] = _parse_number("KERNELFLEET_S3_RETRY_ATTEMPTS", attempts, int)
         if (deadline := get("KERNELFLEET_S3_RETRY_DEADLINE_S")) is not None:
             retry["deadline_s"] = _parse_number("KERNELFLEET_S3_RETRY_DEADLINE_S", deadline, float)
+        if (refused := get("KERNELFLEET_S3_RETRY_REFUSED_S")) is not None:
+            retry["refused_deadline_s"] = _parse_number("KERNELFLEET_S3_RETRY_REFUSED_S", refused, float)
         if retry:
             values["retry"] = RetrySettings(**retry)
         values.update(overrides)

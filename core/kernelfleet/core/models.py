@@ -153,6 +153,12 @@ class ResultKey(Frozen):
         return f"results/{task}/{self.gpu_class}/{self.evaluator_version}/{variant}.json"
 
 
+# Stop reasons of a spent budget. Such a task is stopped, not finished: nothing more was
+# measured for it (no re-verification, no baselines after the limit), and the same call
+# continues it while the budget allows.
+BUDGET_STOPS = ("wall-time", "gpu-seconds")
+
+
 class TaskSummary(Frozen):
     """How the optimisation of one task on one GPU class ended. Written last, it marks the task done.
 

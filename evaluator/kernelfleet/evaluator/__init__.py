@@ -14,6 +14,8 @@ with named defences against the reward hacks that have fooled earlier harnesses:
 `docs/evaluator.md` describes the protocol and every defence.
 """
 
+from typing import TYPE_CHECKING
+
 from kernelfleet.core import reasons
 from kernelfleet.core.tasks import kernelbench_dir, load_tasks
 from kernelfleet.evaluator._cache import DirectoryResultCache, ResultCache
@@ -28,8 +30,22 @@ from kernelfleet.evaluator._evaluator import (
     TaskError,
     timing_from,
 )
-from kernelfleet.evaluator._service import EvaluationService, ServiceServer
+from kernelfleet.evaluator._service import EvaluationService
 from kernelfleet.evaluator._version import EVALUATOR_VERSION
+
+if TYPE_CHECKING:
+    from kernelfleet.evaluator._http import ServiceLimits, ServiceServer, create_app
+
+
+def __getattr__(name: str) -> object:
+    """The HTTP front is imported on first use: the evaluator's own processes import this
+    package, and never serve."""
+    if name in ("ServiceServer", "ServiceLimits", "create_app"):
+        from kernelfleet.evaluator import _http
+
+        return getattr(_http, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "BASELINE_MODES",
@@ -46,8 +62,10 @@ __all__ = [
     "Profile",
     "ResultCache",
     "ServiceError",
+    "ServiceLimits",
     "ServiceServer",
     "TaskError",
+    "create_app",
     "gpu_class",
     "kernelbench_dir",
     "load_tasks",

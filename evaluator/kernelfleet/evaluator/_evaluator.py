@@ -628,9 +628,17 @@ class Evaluator:
             child_env["TORCH_CUDA_ARCH_LIST"] = lane.arch
         return Sides(level, candidate, judge, child_env)
 
-    def _judge_job(self, message: dict[str, Any], lane: _Lane | None, timeout: float) -> Outcome:
+    def _judge_job(
+        self,
+        message: dict[str, Any],
+        lane: _Lane | None,
+        timeout: float,
+        cancel: threading.Event | None = None,
+    ) -> Outcome:
         sides = self._sides(self.config, lane, {})
-        evaluation = Evaluation(self._sandbox(), sides, self.config, "", "", 0, timeout=timeout)
+        evaluation = Evaluation(
+            self._sandbox(), sides, self.config, "", "", 0, timeout=timeout, cancel=cancel
+        )
         return evaluation.judge_only(message)
 
     @property
@@ -1157,8 +1165,13 @@ class Evaluator:
         item.future.set_running_or_notify_cancel()
         try:
             compile(text, "<candidate>", "exec")
-        except (SyntaxError, ValueError) as error:
-            detail = f"{error.msg} (line {error.lineno})" if isinstance(error, SyntaxError) else str(error)
+        except (SyntaxError, ValueError, RecursionError, MemoryError) as error:
+            # Nesting deep enough to exhaust the compiler is as much a compile error as a typo.
+            detail = (
+                f"{error.msg} (line {error.lineno})"
+                if isinstance(error, SyntaxError)
+                else str(error) or f"{type(error).__name__}: the code nests too deeply"
+            )
             result = self._result(
                 item, lanes[0], "compile_error", [R.reason(R.SYNTAX_ERROR, detail)], seconds=0.0
             )
@@ -1397,14 +1410,17 @@ class Evaluator:
 
     # -- baselines
 
-    def baselines(self, task: Task) -> dict[str, Timing]:
+    def baselines(self, task: Task, cancel: threading.Event | None = None) -> dict[str, Timing]:
         """The reference timed eagerly, under torch.compile (default and reduce-overhead) and as
         a CUDA-graph replay, with the same protocol as candidates. A mode that is unavailable
-        here (no CUDA, no compiler) is absent from the answer."""
-        timings, _ = self.baselines_detail(task)
+        here (no CUDA, no compiler) is absent from the answer. Setting `cancel` kills the job
+        within a quarter second and raises `EvaluationCancelled` (a caller's budget ran out)."""
+        timings, _ = self.baselines_detail(task, cancel)
         return timings
 
-    def baselines_detail(self, task: Task) -> tuple[dict[str, Timing], dict[str, str]]:
+    def baselines_detail(
+        self, task: Task, cancel: threading.Event | None = None
+    ) -> tuple[dict[str, Timing], dict[str, str]]:
         """`baselines` plus why each missing mode is missing."""
         lane = self._probe_lanes()[0]
         timeout = max(self.config.timeout_seconds, 120.0) * 2
@@ -1420,11 +1436,13 @@ class Evaluator:
             lane.gate.close()
             self.metrics.lane_held(lane.index, True)
             try:
-                outcome = self._judge_job(message, lane, timeout)
+                outcome = self._judge_job(message, lane, timeout, cancel)
             finally:
                 self.metrics.lane_held(lane.index, False)
                 lane.gate.open()
                 device.release()
+        if outcome.cancelled:
+            raise EvaluationCancelled(f"timing the baselines of {task.name!r} was cancelled")
         answer = outcome.answer
         if answer is not None and "reference_error" in answer:
             answer = {"status": "reference-error", "error": answer["reference_error"]}

@@ -1135,7 +1135,7 @@ class Evaluation:
         started = time.monotonic()
         self.deadline = started + self.timeout
         answer: dict[str, Any] | None = None
-        timed_out = False
+        timed_out = cancelled = False
         description = ""
         try:
             self.judge = self._spawn("judge", self.sides.judge, self.sides.env)
@@ -1143,6 +1143,8 @@ class Evaluation:
             answer = self._receive(self.judge)
         except _Timeout:
             timed_out = True
+        except _Cancelled:
+            cancelled = True
         except _JudgeFailed as error:
             answer = {"status": "judge-error", "error": str(error)}
         except (ChannelClosed, OSError, ProtocolError):
@@ -1152,11 +1154,11 @@ class Evaluation:
         log = ""
         if self.judge is not None:
             log = self.judge.log_tail()
-            if not self.judge.wait(5):
+            if cancelled or not self.judge.wait(5):
                 self.judge.kill()
             self.judge.close()
         return Outcome(
-            answer, timed_out, False, description, log, time.monotonic() - started, 0.0, self.sides.level
+            answer, timed_out, cancelled, description, log, time.monotonic() - started, 0.0, self.sides.level
         )
 
 

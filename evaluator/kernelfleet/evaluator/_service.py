@@ -11,18 +11,19 @@ Many producers (RL trainer ranks, worker pods, people) share one machine's GPUs 
     GET  /metrics               Prometheus text: queue depth, evaluations by verdict, timing-lane
                                 busy share, seconds per stage
 
-With a token configured every /v1 call needs `Authorization: Bearer TOKEN` (/healthz and
-/metrics stay open for probes and scrapers; they carry no code and no results). The stdlib
-server is enough: requests are small and rare next to the seconds an evaluation takes, and the
-pipeline behind it (`Evaluator.submit`) does the scheduling.
+    GET  /openapi.json          the OpenAPI schema of these routes
+
+With a token configured every /v1 call needs `Authorization: Bearer TOKEN` (/healthz, /metrics
+and the schema stay open for probes and scrapers; they carry no code and no results).
+
+This module is the queue and its records; `_http` is the HTTP front (FastAPI on uvicorn),
+imported only by a process that serves. The pipeline behind it (`Evaluator.submit`) does the
+scheduling.
 """
 
 from __future__ import annotations
 
 import collections
-import hmac
-import http.server
-import json
 import logging
 import secrets
 import threading
@@ -115,6 +116,8 @@ class EvaluationService:
             raise RequestError(
                 400, f"the reference is not valid Python ({error.msg}, line {error.lineno})"
             ) from None
+        except (ValueError, RecursionError, MemoryError) as error:
+            raise RequestError(400, f"the reference cannot be parsed ({type(error).__name__})") from None
         if missing:
             raise RequestError(
                 400,
@@ -307,119 +310,3 @@ class EvaluationService:
             [("", snap["uptime_s"])],
         )
         return "\n".join(lines) + "\n"
-
-
-class _Handler(http.server.BaseHTTPRequestHandler):
-    server: _Server
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("%s %s", self.address_string(), format % args)
-
-    def _send(
-        self, status: int, body: Any, headers: Mapping[str, str] | None = None, text: bool = False
-    ) -> None:
-        data = body.encode() if text else (json.dumps(body) + "\n").encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "text/plain; version=0.0.4" if text else "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        for key, value in (headers or {}).items():
-            self.send_header(key, value)
-        self.end_headers()
-        self.wfile.write(data)
-
-    def _authorised(self) -> bool:
-        token = self.server.token
-        if token is None:
-            return True
-        given = self.headers.get("Authorization", "")
-        return hmac.compare_digest(given.encode(), f"Bearer {token}".encode())
-
-    def _handle(self, method: str) -> None:
-        service = self.server.service
-        path = self.path.split("?", 1)[0].rstrip("/")
-        try:
-            if method == "GET" and path == "/healthz":
-                self._send(200, service.health())
-                return
-            if method == "GET" and path == "/metrics":
-                self._send(200, service.prometheus(), text=True)
-                return
-            if not path.startswith("/v1/"):
-                raise RequestError(404, f"no such path {path!r}; see /v1/evaluations, /healthz, /metrics")
-            if not self._authorised():
-                raise RequestError(401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
-            if method == "POST" and path == "/v1/evaluations":
-                length = int(self.headers.get("Content-Length") or 0)
-                if length > MAX_BODY:
-                    raise RequestError(413, f"the body has {length} bytes; at most {MAX_BODY}")
-                try:
-                    body = json.loads(self.rfile.read(length) or b"null")
-                except (json.JSONDecodeError, UnicodeDecodeError) as error:
-                    raise RequestError(400, f"the body is not JSON: {error}") from None
-                ids = service.submit(body)
-                answer: dict[str, Any] = {"ids": ids, "status": "pending"}
-                if not isinstance(body, list):
-                    answer["id"] = ids[0]
-                self._send(202, answer, {"Location": f"/v1/evaluations/{ids[0]}"})
-                return
-            if method == "GET" and path.startswith("/v1/evaluations/"):
-                status, answer = service.get(path.rsplit("/", 1)[1])
-                self._send(status, answer)
-                return
-            raise RequestError(405 if path == "/v1/evaluations" else 404, f"{method} {path} is not served")
-        except RequestError as error:
-            self._send(error.status, {"error": str(error)}, error.headers)
-        except Exception as error:  # a bug: the caller learns, the server lives on
-            log.exception("request %s %s failed", method, path)
-            self._send(500, {"error": f"{type(error).__name__}: {error}"})
-
-    def do_GET(self) -> None:
-        self._handle("GET")
-
-    def do_POST(self) -> None:
-        self._handle("POST")
-
-
-class _Server(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self, address: tuple[str, int], service: EvaluationService, token: str | None) -> None:
-        super().__init__(address, _Handler)
-        self.service = service
-        self.token = token
-
-
-class ServiceServer:
-    """The HTTP server around an `EvaluationService`; `start()` serves in a thread, `serve()`
-    in the caller's. `port` 0 picks a free port (see `.port` afterwards)."""
-
-    def __init__(
-        self, service: EvaluationService, host: str = "127.0.0.1", port: int = 0, token: str | None = None
-    ) -> None:
-        self.service = service
-        self._server = _Server((host, port), service, token)
-        self._thread: threading.Thread | None = None
-
-    @property
-    def port(self) -> int:
-        return int(self._server.server_address[1])
-
-    @property
-    def url(self) -> str:
-        host = str(self._server.server_address[0])
-        return f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{self.port}"
-
-    def start(self) -> ServiceServer:
-        self._thread = threading.Thread(target=self._server.serve_forever, name="eval-serve", daemon=True)
-        self._thread.start()
-        return self
-
-    def serve(self) -> None:
-        self._server.serve_forever()
-
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        if self._thread is not None:
-            self._thread.join(10)

@@ -14,7 +14,6 @@ which. With --json, stdout carries exactly one JSON object; everything else goes
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import signal
@@ -24,6 +23,7 @@ from typing import Any
 
 from kernelfleet.core import reasons as R
 from kernelfleet.core.errors import UsageError
+from kernelfleet.core.jsontext import dumps, finite
 from kernelfleet.core.models import EvaluationResult, Task
 from kernelfleet.core.options import Flag, ModelOptions
 from kernelfleet.core.settings import ISOLATION_LEVELS, EvaluationSettings, isolation_rank
@@ -143,8 +143,9 @@ def _config(
 
 
 def result_json(result: EvaluationResult, baselines: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The --json object: the contract's keys first, then the full result."""
-    data = result.model_dump(mode="json")
+    """The --json object: the contract's keys first, then the full result. Always valid JSON: a
+    non-finite number is null, and `non_finite` names it with the reason."""
+    data, replaced = finite(result.model_dump(mode="json"))
     out: dict[str, Any] = {
         "verdict": data["verdict"],
         "reasons": data["reasons"],
@@ -156,6 +157,13 @@ def result_json(result: EvaluationResult, baselines: dict[str, Any] | None = Non
     out.update({key: value for key, value in data.items() if key not in out})
     if baselines is not None:
         out["baselines"] = baselines
+    if replaced:
+        # JSON has no NaN or infinity: such a number is null, and here is why.
+        out["non_finite"] = {
+            path: f"{text}: not a JSON number, written as null"
+            + (" (the candidate's output has NaN or infinite values)" if path == "max_abs_error" else "")
+            for path, text in replaced.items()
+        }
     return out
 
 
@@ -207,7 +215,8 @@ def _interrupt(*_: object) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from kernelfleet.evaluator._service import EvaluationService, ServiceServer
+    from kernelfleet.evaluator._http import ServiceServer
+    from kernelfleet.evaluator._service import EvaluationService
 
     if args.max_queue < 1:
         raise UsageError("--max-queue must be at least 1")
@@ -284,7 +293,7 @@ def run(args: argparse.Namespace) -> int:
             baselines = {mode: timings[mode].model_dump() for mode in BASELINE_MODES if mode in timings}
             baselines.update({mode: {"unavailable": why} for mode, why in missing_modes.items()})
     if args.json:
-        print(json.dumps(result_json(result, baselines)))
+        print(dumps(result_json(result, baselines)))
     else:
         print(_table(result, args.reference, args.candidate))
         if baselines:

@@ -112,6 +112,10 @@ def run_operator(args: argparse.Namespace) -> int:
 
     if not args.namespaces and not args.all_namespaces:
         raise UsageError("say what to watch: --namespace NS (repeatable) or --all-namespaces")
+    if not os.environ.get("KUBERNETES_SERVICE_HOST"):
+        from kernelfleet.operator.client._connect import check_kubeconfig, kubeconfig_paths
+
+        check_kubeconfig(*kubeconfig_paths())  # the files kopf's login merges
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -20,14 +20,15 @@ colliding with the old one; readers take the newest.
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from kernelfleet.core.models import Task, TaskSummary
+from kernelfleet.core.models import EvaluationResult, Task, TaskSummary, Verdict
 from kernelfleet.core.store import CorruptObject, NotFound, OnCorrupt, Store
 
 M = TypeVar("M", bound=BaseModel)
@@ -189,3 +190,56 @@ def iter_samples(
             record = read_model(store, key, SampleRecord, on_corrupt)
             if record is not None:
                 yield record
+
+
+def summary_damage(
+    store: Store,
+    layout: RunLayout,
+    summary: TaskSummary,
+    results: Mapping[str, EvaluationResult],
+    damaged_result: bool,
+    on_corrupt: OnCorrupt | None = None,
+) -> str:
+    """What of a task summary's word the store no longer backs, "" when all is intact: a result
+    of the task that is damaged (`damaged_result`, found by the caller's listing), the best
+    variant's result (`results`, by variant hash, read and checked by the caller), its code,
+    its verification. A summary with damage is never shown as a result; the optimize command
+    that made the run, run again, repairs it."""
+    if damaged_result:
+        return "a result of it is damaged"
+    best = summary.best_variant_hash
+    if best is None:
+        return ""
+    result = results.get(best)
+    if result is None:
+        return f"the result of its best variant {best[:12]} is missing or damaged"
+    if result.verdict != Verdict.CORRECT or (
+        summary.search_speedup is not None
+        and (result.speedup is None or not math.isclose(result.speedup, summary.search_speedup, rel_tol=1e-6))
+    ):
+        return f"the result of its best variant {best[:12]} is not the one its summary reports"
+    damage = code_damage(store, best, on_corrupt)
+    if damage:
+        return damage
+    if summary.verified:
+        key = layout.verification(summary.task_hash, summary.gpu_class, summary.evaluator_version, best)
+        try:
+            store.read_record(key, EvaluationResult)
+        except NotFound:
+            return f"the verification of its best variant {best[:12]} is missing"
+        except CorruptObject as error:
+            _skip(on_corrupt, error)
+            return f"the verification of its best variant {best[:12]} is damaged"
+    return ""
+
+
+def code_damage(store: Store, variant_hash: str, on_corrupt: OnCorrupt | None = None) -> str:
+    """Why a variant's code cannot be shown ("" when it is in the store and hashes to its name)."""
+    try:
+        store.get_variant(variant_hash)
+    except NotFound:
+        return f"the code of its best variant {variant_hash[:12]} is missing"
+    except CorruptObject as error:
+        _skip(on_corrupt, error)
+        return f"the code of its best variant {variant_hash[:12]} is damaged"
+    return ""

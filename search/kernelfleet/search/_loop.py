@@ -27,8 +27,9 @@ import contextlib
 import hashlib
 import logging
 import random
+import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -36,7 +37,9 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kernelfleet.core.errors import EvaluationCancelled, UsageError
+from kernelfleet.core.hashing import source_hash
 from kernelfleet.core.models import (
+    BUDGET_STOPS,
     Environment,
     EvaluationResult,
     ResultKey,
@@ -46,9 +49,24 @@ from kernelfleet.core.models import (
     Verdict,
 )
 from kernelfleet.core.settings import Budget
-from kernelfleet.core.store import CorruptObject, NotFound, ObjectConflict, ResultConflict, RunLease, Store
+from kernelfleet.core.store import (
+    CorruptObject,
+    NotFound,
+    ObjectConflict,
+    ResultConflict,
+    RunLease,
+    Store,
+    encode_json,
+)
 from kernelfleet.search._database import Entry, VariantDatabase
-from kernelfleet.search._layout import ANSWER_LIMIT, RunLayout, SampleRecord, read_model, task_object
+from kernelfleet.search._layout import (
+    ANSWER_LIMIT,
+    RunLayout,
+    SampleRecord,
+    read_model,
+    summary_damage,
+    task_object,
+)
 from kernelfleet.search._progress import Progress, QuietProgress
 from kernelfleet.search._prompts import Exemplar
 from kernelfleet.search.policies._base import Policy, Proposal, Request
@@ -71,7 +89,7 @@ class EvaluatorLike(Protocol):
         slow: Callable[[Task, str, float, str], None] | None = None,
     ) -> list[EvaluationResult]: ...
 
-    def baselines(self, task: Task) -> dict[str, Timing]: ...
+    def baselines(self, task: Task, cancel: threading.Event | None = None) -> dict[str, Timing]: ...
 
 
 class LoopSettings(BaseModel):
@@ -131,6 +149,7 @@ class _TaskState:
     task_error: str = ""
     summary: TaskSummary | None = None
     not_evaluated: int = 0
+    damaged_summaries: list[str] = field(default_factory=list)  # keys of summaries that did not read
 
     def seen(self) -> frozenset[str]:
         return frozenset(self.proposed) | frozenset(entry.variant_hash for entry in self.db)
@@ -141,6 +160,12 @@ class _TaskState:
             self.proposed.add(record.key)
         if record.variant_hash:
             self.proposed.add(record.variant_hash)
+
+
+class _Baselines(BaseModel):
+    """The stored baselines of a task (the check that a stored copy is intact)."""
+
+    baselines: dict[str, Timing]
 
 
 class _ResultSink:
@@ -159,6 +184,7 @@ class _ResultSink:
 # The evaluator's reason code for a task whose own reference fails: the task is at fault, not
 # the variant, so such a result is neither stored nor counted, and the task stops.
 REFERENCE_ERROR = "reference-error"
+
 COMPILE_POLICY = "compile"
 
 
@@ -189,6 +215,7 @@ class OptimizationLoop:
         settings: LoopSettings | None = None,
         progress: Progress | None = None,
         lease_scope: str = "",
+        started_at: float | None = None,
     ) -> None:
         if not policies:
             raise UsageError("the loop needs at least one policy")
@@ -206,9 +233,14 @@ class OptimizationLoop:
         self.settings = settings or LoopSettings()
         self.progress: Progress = progress or QuietProgress()
         self._known: dict[ResultKey, EvaluationResult] = {}
+        self._damaged_tasks: set[str] = set()  # tasks (16 characters of the hash) with a damaged result
         self._states: dict[str, _TaskState] = {}
         self._codes: dict[str, str] = {}
         self._gpu_used = 0.0
+        # When the wall-time clock started (time.monotonic()); None: when `run` is called. The
+        # command line passes its own start, so that loading tasks and starting the evaluator
+        # count against --wall-time too.
+        self.started_at = started_at
         self._started = 0.0
         self._stop: str | None = None
         self._lease: RunLease | None = None
@@ -241,10 +273,11 @@ class OptimizationLoop:
                 self._lease = None
 
     def _run(self, tasks: Iterable[Task]) -> list[TaskSummary]:
-        self._started = time.monotonic()
+        self._started = self.started_at if self.started_at is not None else time.monotonic()
         self._stop = None
         self._states = {}
         self._known = {}
+        self._damaged_tasks = set()
         self._gpu_used = 0.0
         ordered: list[Task] = []
         for task in tasks:
@@ -253,23 +286,24 @@ class OptimizationLoop:
                     task, VariantDatabase(task.hash, self.gpu_class, self.settings.bucket_width)
                 )
                 ordered.append(task)
-                try:
-                    self.store.put_json(self.layout.task(task.hash), task_object(task))
-                except ObjectConflict as error:
-                    # A damaged copy of this task's object: the task itself is in hand.
-                    self.progress.message(f"{task.name}: {error}; carrying on")
+                # A damaged copy of this task's object is replaced: the task itself is in hand.
+                self._put_repairing(self.layout.task(task.hash), task_object(task), Task)
         self._load_results()
         unsettled = self._provisional_tasks()
         for state in self._states.values():
             summary = self._stored_summary(state)
-            # A search cut short by this call's wall time continues when the call is repeated;
-            # so does one that left results to measure again (provisional: a timing that did
-            # not settle); every other ending is final for this budget.
-            if (
-                summary is not None
-                and summary.stop_reason != "wall-time"
-                and state.task.hash[:16] not in unsettled
-            ):
+            # A search cut short by a budget continues when the call is repeated, as long as the
+            # budget allows more (wall time counts this call only; GPU-seconds count the stored
+            # results, and a cancelled evaluation stored none); so does one that left results to
+            # measure again (provisional: a timing that did not settle). Every other ending is
+            # final for this budget.
+            if summary is not None and not self._continues(summary) and state.task.hash[:16] not in unsettled:
+                damage = self._damage(state, summary)
+                if damage:
+                    # Never reported as a result: the search runs again over what is stored,
+                    # which measures the damaged results again and restores lost code.
+                    self.progress.message(f"{state.task.name}: {damage}; searching it again to repair it")
+                    continue
                 state.summary = summary
                 self.progress.task_finished(summary, resumed=True)
         try:
@@ -290,6 +324,11 @@ class OptimizationLoop:
                         self._finish(state, "task-error")
                     elif target is not None and best is not None and (best.speedup or 0.0) >= target:
                         self._finish(state, "target")
+                    elif self._stop:
+                        # A spent budget ends the task with its own reason, even when the policies
+                        # have nothing more to offer: what they offered may not be evaluated yet,
+                        # and only a budget stop lets a repeated command continue.
+                        continue
                     elif len(state.exhausted) == len(self.policies):
                         self._finish(state, "exhausted")
                 if self._stop:
@@ -300,6 +339,34 @@ class OptimizationLoop:
         finally:
             self.progress.close()
         return [summary for task in ordered if (summary := self._states[task.hash].summary) is not None]
+
+    def _damage(self, state: _TaskState, summary: TaskSummary) -> str:
+        """What of a stored summary's word the store no longer backs ("" when all is intact)."""
+        results = {
+            key.variant_hash: result
+            for key, result in self._known.items()
+            if key.task_hash == state.task.hash
+        }
+        damaged = state.task.hash[:16] in self._damaged_tasks
+        return summary_damage(self.store, self.layout, summary, results, damaged, self._corrupt)
+
+    def _put_repairing(self, key: str, obj: BaseModel | dict[str, Any], model: type[BaseModel]) -> None:
+        """Store `obj` at `key`; a damaged object in the way (it does not read as `model`) is
+        replaced, an intact one stands."""
+        try:
+            self.store.put_json(key, obj)
+        except ObjectConflict:
+            try:
+                self.store.read_record(key, model)
+            except CorruptObject:
+                self.store.repair(key, encode_json(obj))
+
+    def _continues(self, summary: TaskSummary) -> bool:
+        """Whether a stored summary's search goes on in this call: it was stopped by a budget
+        that has something left now."""
+        if summary.stop_reason == "wall-time":
+            return True
+        return summary.stop_reason == "gpu-seconds" and self._budget_stop() is None
 
     def _budget_stop(self, in_flight_s: float = 0.0) -> str | None:
         """The budget that has run out, if any; `in_flight_s`: seconds that evaluations still
@@ -312,6 +379,42 @@ class OptimizationLoop:
         if self.budget.gpu_seconds is not None and self._gpu_used + in_flight_s >= self.budget.gpu_seconds:
             return "gpu-seconds"
         return None
+
+    @property
+    def _deadline(self) -> float | None:
+        """When the wall-time budget ends (time.monotonic()), for policies that wait on an endpoint."""
+        limit = self.budget.wall_time_seconds
+        return None if limit is None else self._started + limit
+
+    @property
+    def _limited(self) -> bool:
+        return self.budget.wall_time_seconds is not None or self.budget.gpu_seconds is not None
+
+    @contextlib.contextmanager
+    def _budget_watch(self) -> Iterator[threading.Event | None]:
+        """An event set when the budget runs out while a measurement that the evaluator cannot
+        split runs (the baselines); None without a time budget. GPU-seconds count the
+        measurement's own seconds as they pass, like an evaluation in flight."""
+        if not self._limited:
+            yield None
+            return
+        cancel, done = threading.Event(), threading.Event()
+        begun = time.monotonic()
+
+        def watch() -> None:
+            while not done.wait(0.25):
+                if self._budget_stop(time.monotonic() - begun) is not None:
+                    cancel.set()
+                    return
+
+        watcher = threading.Thread(target=watch, name="budget-watch", daemon=True)
+        watcher.start()
+        try:
+            yield cancel
+        finally:
+            done.set()
+            watcher.join()
+            self._gpu_used += time.monotonic() - begun
 
     def _stop_batch(self, in_flight_s: float) -> bool:
         self._stop = self._stop or self._budget_stop(in_flight_s)
@@ -328,9 +431,12 @@ class OptimizationLoop:
 
     def _corrupt(self, error: CorruptObject) -> None:
         """A stored object that cannot be read: name it and carry on without it (what it held
-        is measured or asked again, and the new object goes under a new key where needed)."""
+        is measured or asked again, and the new object replaces it or goes under a new key)."""
         log.warning("%s", error)
         self.progress.message(f"skipped: {error}")
+        marker = f"{self.layout.prefix}/results/"
+        if error.key.startswith(marker):
+            self._damaged_tasks.add(error.key[len(marker) :].split("/", 1)[0])
 
     def _provisional_tasks(self) -> set[str]:
         """Tasks (by the 16 characters of their hash in keys) with a provisional result on this GPU
@@ -350,10 +456,15 @@ class OptimizationLoop:
     def _stored_summary(self, state: _TaskState) -> TaskSummary | None:
         """The newest summary this budget wrote for the task, if any."""
         prefix = self.layout.summary_prefix(state.task.hash, self.gpu_class, self._summary_fingerprint())
+
+        def damaged(error: CorruptObject) -> None:
+            self._corrupt(error)
+            state.damaged_summaries.append(error.key)
+
         found = [
             summary
             for key in self.store.list(prefix)
-            if (summary := read_model(self.store, key, TaskSummary, self._corrupt)) is not None
+            if (summary := read_model(self.store, key, TaskSummary, damaged)) is not None
         ]
         return max(found, key=lambda summary: summary.finished_at) if found else None
 
@@ -396,6 +507,7 @@ class OptimizationLoop:
                             ),
                             seen=state.seen(),
                             seed=seed % (2**31),
+                            deadline=self._deadline,
                         )
                     )
                     places.append((state, key, tuple(e.variant_hash for e in chosen)))
@@ -465,22 +577,75 @@ class OptimizationLoop:
         try:
             self.store.put_json(key, record)
         except ObjectConflict:
-            # Another worker wrote this sample first: theirs stands (unless it is corrupt:
-            # then ours is used, in memory only).
-            return read_model(self.store, key, SampleRecord, self._corrupt) or record
+            # Another worker wrote this sample first: theirs stands, unless it is damaged: then
+            # ours replaces it.
+            theirs = read_model(self.store, key, SampleRecord, self._corrupt)
+            if theirs is not None:
+                return theirs
+            self.store.repair(key, encode_json(record))
         return record
 
-    def _code(self, variant_hash: str) -> str | None:
-        """The variant's code; None when its stored copy is corrupt (reported)."""
+    def _code(
+        self, variant_hash: str, state: _TaskState | None = None, record: SampleRecord | None = None
+    ) -> str | None:
+        """The variant's code, checked against its hash. When the store lost it (missing or
+        damaged, reported), it is restored from `record`, the sample that proposed it, where
+        possible (`_restore_code`); None otherwise."""
         code = self._codes.get(variant_hash)
         if code is None:
             try:
                 code = self.store.get_variant(variant_hash)
-            except CorruptObject as error:
-                self._corrupt(error)
-                return None
+            except (NotFound, CorruptObject) as error:
+                if isinstance(error, CorruptObject):
+                    self._corrupt(error)
+                if state is None or record is None:
+                    return None
+                return self._restore_code(state, record)
             self._codes[variant_hash] = code
         return code
+
+    def _restore_code(self, state: _TaskState, record: SampleRecord) -> str | None:
+        """Code the store lost, found again: parsed from the answer recorded with its sample, or
+        proposed again by the same policy for the same request (the deterministic policies,
+        compile and replay, give the same code again). Stored again when, and only when, it
+        hashes to the variant; otherwise the variant's result cannot be used (reported)."""
+        variant = record.variant_hash or ""
+        found: str | None = None
+        if record.answer:
+            parsed = Proposal.from_answer(record.answer).code
+            if parsed is not None and source_hash(parsed) == variant:
+                found = parsed
+        policy = next((p for p in self.policies if p.id == record.policy_id), None)
+        if found is None and policy is not None:
+            request = Request(
+                task=state.task,
+                device=self.environment.device,
+                gpu_class=self.gpu_class,
+                round=record.round,
+                index=record.index,
+                seen=state.seen() - {variant, record.key},
+                seed=_seed(
+                    self.settings.seed, state.task.hash, self.gpu_class, record.round, policy.id, record.index
+                )
+                % (2**31),
+            )
+            try:
+                [proposal] = policy.propose([request])
+            except Exception as error:
+                log.warning("asking %s again for lost code failed: %s", policy.name, error)
+            else:
+                if proposal.code is not None and source_hash(proposal.code) == variant:
+                    found = proposal.code
+        if found is None:
+            self.progress.message(
+                f"{state.task.name}: the code of variant {variant[:12]} is missing from the store and "
+                "could not be restored; its result is not used"
+            )
+            return None
+        self.store.put_variant(found, check=True)  # over a damaged copy too: the key is the content's address
+        self._codes[variant] = found
+        self.progress.message(f"{state.task.name}: restored the code of variant {variant[:12]} in the store")
+        return found
 
     def _key(self, task_hash: str, variant_hash: str) -> ResultKey:
         return ResultKey(
@@ -492,9 +657,11 @@ class OptimizationLoop:
 
     def _evaluate(self, slots: list[tuple[int, _TaskState, SampleRecord]]) -> None:
         pending: dict[tuple[str, str], _TaskState] = {}
+        records: dict[tuple[str, str], SampleRecord] = {}
         for _, state, record in slots:
             if record.variant_hash and record.variant_hash not in state.db:
                 pending.setdefault((state.task.hash, record.variant_hash), state)
+                records.setdefault((state.task.hash, record.variant_hash), record)
         todo = [
             (state, variant_hash)
             for (task_hash, variant_hash), state in pending.items()
@@ -510,23 +677,23 @@ class OptimizationLoop:
             self._stop = self._stop or self._budget_stop()
             if self._stop:
                 break
-            # A variant whose stored code is corrupt (reported) cannot be evaluated.
+            # A variant whose stored code is lost and cannot be restored (reported) cannot be evaluated.
             coded = [
                 (state, variant, code)
                 for state, variant in todo[start : start + size]
-                if not state.task_error and (code := self._code(variant)) is not None
+                if not state.task_error
+                and (code := self._code(variant, state, records[(state.task.hash, variant)])) is not None
             ]
             chunk = [(state, variant) for state, variant, _ in coded]
             if not chunk:
                 continue
             items = [(state.task, code) for state, _, code in coded]
-            limited = self.budget.wall_time_seconds is not None or self.budget.gpu_seconds is not None
             try:
                 results: Sequence[EvaluationResult | None] = self.evaluator.evaluate_batch(
                     items,
                     cache=sink,
                     progress=False,
-                    stop=self._stop_batch if limited else None,
+                    stop=self._stop_batch if self._limited else None,
                     slow=self._slow,
                 )
             except EvaluationCancelled as cancelled:
@@ -547,7 +714,7 @@ class OptimizationLoop:
             if not record.variant_hash or record.variant_hash in state.db:
                 continue
             known = self._known.get(self._key(state.task.hash, record.variant_hash))
-            code = self._code(record.variant_hash) if known is not None else None
+            code = self._code(record.variant_hash, state, record) if known is not None else None
             if known is None or code is None:
                 continue
             entry = Entry(
@@ -607,9 +774,13 @@ class OptimizationLoop:
     def _finish(self, state: _TaskState, reason: str) -> None:
         # A spent budget starts nothing more: baselines and the re-verification are taken from
         # the store when there, else left to a resumed run.
-        spent = reason in ("wall-time", "gpu-seconds")
+        spent = reason in BUDGET_STOPS
         baselines = self._baselines(state, measure=not spent) if self.settings.measure_baselines else {}
         chosen, verification = self._verify(state, measure=not spent)
+        if not spent and self._stop in BUDGET_STOPS and self._cut_short(state, baselines, verification):
+            # The budget ran out while the task was being finished: what was cut short is left
+            # to a resumed run, which a budget stop allows.
+            reason = self._stop
         speedup = chosen.speedup if chosen is not None else None
         if speedup is not None and verification is not None and verification.speedup is not None:
             # Like the evaluator's own re-check: of two honest measurements, the lower counts.
@@ -647,12 +818,27 @@ class OptimizationLoop:
                 self.store.put_json(key, summary)
                 break
             except ObjectConflict:
+                if key in state.damaged_summaries:
+                    break  # replaced with this one below
                 # The same samples summed up again (a repeated wall-time stop, or results measured
                 # again after a timing that had not settled): a new summary beside the old one;
                 # readers take the newest.
                 key = key.removesuffix(".json").rsplit("-r", 1)[0] + f"-r{attempt}.json"
+        for damaged in state.damaged_summaries:
+            # A summary that could not be read says nothing; the task's word now is this one.
+            self.store.repair(damaged, encode_json(summary))
+        state.damaged_summaries.clear()
         state.summary = summary
         self.progress.task_finished(summary, resumed=False)
+
+    def _cut_short(
+        self, state: _TaskState, baselines: dict[str, Timing], verification: EvaluationResult | None
+    ) -> bool:
+        """Whether a measurement `_finish` wanted is missing: the baselines, or a verification
+        of a task that has a correct variant."""
+        missing_baselines = self.settings.measure_baselines and not baselines
+        unverified = self.settings.verify_best and verification is None and state.db.best() is not None
+        return missing_baselines or unverified
 
     @staticmethod
     def _compile_speedup(state: _TaskState, baselines: dict[str, Timing]) -> float | None:
@@ -682,20 +868,25 @@ class OptimizationLoop:
                     f"object {self.store.url_for(key)} holds no valid baselines ({error})", key
                 )
             )
-        if not measure:
+        if not measure or self._budget_stop() is not None:
             return {}
         try:
-            measured = self.evaluator.baselines(state.task)
+            with self._budget_watch() as cancel:
+                measured = self.evaluator.baselines(state.task, cancel=cancel)
+        except EvaluationCancelled:
+            self._stop = self._stop or self._budget_stop() or "wall-time"
+            self.progress.message(f"{state.task.name}: baselines cancelled at the {self._stop} limit")
+            return {}
         except Exception as error:  # a baseline is context, not the result: report and go on
             self.progress.message(
                 f"{state.task.name}: baselines not measured ({error}); will retry on resume"
             )
             return {}
-        with contextlib.suppress(ObjectConflict):  # a corrupt copy is in the way: keep these in memory
-            self.store.put_json(
-                key,
-                {"baselines": {name: timing.model_dump(mode="json") for name, timing in measured.items()}},
-            )
+        self._put_repairing(
+            key,
+            {"baselines": {name: timing.model_dump(mode="json") for name, timing in measured.items()}},
+            _Baselines,
+        )
         return dict(measured)
 
     def _verify(
@@ -710,13 +901,27 @@ class OptimizationLoop:
             key = self.layout.verification(
                 state.task.hash, self.gpu_class, self.evaluator_version, entry.variant_hash
             )
-            result = read_model(self.store, key, EvaluationResult, self._corrupt)
+            try:
+                result = self.store.read_record(key, EvaluationResult)
+            except NotFound:
+                result = None
+            except CorruptObject as error:
+                self._corrupt(error)
+                result = None
             if result is None:
-                if not measure:
+                if not measure or self._budget_stop() is not None:
                     return (ranked[0] if ranked else None), None
-                result = self.evaluator.evaluate(state.task, entry.code)
-                with contextlib.suppress(ObjectConflict):  # only a corrupt copy can be in the way
-                    self.store.put_json(key, result)
+                try:
+                    [result] = self.evaluator.evaluate_batch(
+                        [(state.task, entry.code)],
+                        cache=None,
+                        stop=self._stop_batch if self._limited else None,
+                    )
+                except EvaluationCancelled:
+                    # Cancelled at the limit: nothing of it is stored, a resumed run verifies again.
+                    self._stop = self._stop or self._budget_stop() or "wall-time"
+                    return (ranked[0] if ranked else None), None
+                self._put_repairing(key, result, EvaluationResult)
                 self._gpu_used += result.seconds
             if result.verdict == Verdict.CORRECT:
                 # Correct again; a re-timing too noisy to give a speedup leaves the search's.
@@ -740,9 +945,11 @@ def optimize(
     settings: LoopSettings | None = None,
     progress: Progress | None = None,
     lease_scope: str = "",
+    started_at: float | None = None,
 ) -> list[TaskSummary]:
     """Run the contrastive loop over `tasks`; see `OptimizationLoop`. `lease_scope`, a path below
-    the run, makes the lease cover only the part of the run this call works on."""
+    the run, makes the lease cover only the part of the run this call works on; `started_at`
+    (time.monotonic()) starts the wall-time clock earlier than the call."""
     loop = OptimizationLoop(
         store=store,
         prefix=prefix,
@@ -753,5 +960,6 @@ def optimize(
         settings=settings,
         progress=progress,
         lease_scope=lease_scope,
+        started_at=started_at,
     )
     return loop.run(tasks)

@@ -11,7 +11,7 @@ import sys
 from collections import Counter
 from typing import Any, Protocol
 
-from kernelfleet.core.models import EvaluationResult, Task, TaskSummary, Verdict
+from kernelfleet.core.models import BUDGET_STOPS, EvaluationResult, Task, TaskSummary, Verdict
 
 _SHORT = {
     Verdict.CORRECT: "ok",
@@ -125,6 +125,8 @@ class LiveProgress:
 
     def task_finished(self, summary: TaskSummary, resumed: bool) -> None:
         prefix = "done (from the store)" if resumed else "done"
+        if summary.stop_reason in BUDGET_STOPS:
+            prefix = "stopped (run the same command to continue)"
         self.message(f"{prefix}: {describe_summary(summary)}")
 
     def _close_bar(self) -> None:

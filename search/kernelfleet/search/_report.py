@@ -17,15 +17,17 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from kernelfleet.core.errors import UsageError
-from kernelfleet.core.models import EvaluationResult, Task, TaskSummary, Verdict
-from kernelfleet.core.store import CorruptObject, NotFound, Store
+from kernelfleet.core.models import BUDGET_STOPS, EvaluationResult, Task, TaskSummary, Verdict
+from kernelfleet.core.store import CorruptObject, Store
 from kernelfleet.search._layout import (
     RunLayout,
     RunManifest,
+    code_damage,
     iter_samples,
     latest_summaries,
     load_tasks_of_run,
     read_model,
+    summary_damage,
 )
 
 log = logging.getLogger(__name__)
@@ -51,10 +53,12 @@ class SpeedupStats:
 
 def speedup_stats(values: Iterable[float | None]) -> SpeedupStats:
     """Mean, median, geometric mean, and how many exceed 1.01x. A missing value counts as 1.0:
-    a task without a verified variant keeps its reference, which is what a user would run."""
-    speedups = [value if value is not None and value > 0 else 1.0 for value in values]
-    if not speedups:
-        return SpeedupStats(0, None, None, None, 0)
+    a task without a verified variant keeps its reference, which is what a user would run. When
+    no task has a value there is nothing to average: the figures are None, not 1.0x."""
+    given = list(values)
+    speedups = [value if value is not None and value > 0 else 1.0 for value in given]
+    if not any(value is not None and value > 0 for value in given):
+        return SpeedupStats(len(given), None, None, None, 0)
     geomean = math.exp(sum(math.log(value) for value in speedups) / len(speedups))
     return SpeedupStats(
         count=len(speedups),
@@ -75,6 +79,9 @@ class TaskOutcome:
     results: tuple[EvaluationResult, ...] = ()
     attribution: dict[str, tuple[str, str]] = field(default_factory=dict)  # variant -> (policy, name)
     best_code: str | None = None
+    # What of the task's record the store no longer backs (a damaged or missing result, code or
+    # verification): then no speedup and no code is shown, and `status` says what to run.
+    damage: str = ""
 
     @property
     def done(self) -> bool:
@@ -87,6 +94,8 @@ class TaskOutcome:
 
     @property
     def best_speedup(self) -> float | None:
+        if self.damage:
+            return None
         if self.summary is not None:
             return self.summary.best_speedup
         best = self._best_result
@@ -115,7 +124,7 @@ class TaskOutcome:
 
     @property
     def speedup_vs_compile(self) -> float | None:
-        return self.summary.speedup_vs_compile if self.summary is not None else None
+        return self.summary.speedup_vs_compile if self.summary is not None and not self.damage else None
 
     @property
     def compile_over_eager(self) -> float | None:
@@ -137,8 +146,13 @@ class TaskOutcome:
 
     @property
     def status(self) -> str:
+        if self.damage:
+            return f"DAMAGED: {self.damage}"
         if self.summary is None:
             return "running" if self.results else "pending"
+        if self.summary.stop_reason in BUDGET_STOPS:
+            # Stopping is not finishing: the same command continues it.
+            return f"stopped ({self.summary.stop_reason}), not finished"
         if self.summary.best_speedup is None:
             return f"done ({self.summary.stop_reason}), nothing verified"
         return f"done ({self.summary.stop_reason})" + ("" if self.summary.verified else ", not re-verified")
@@ -196,10 +210,13 @@ def load_run(store: Store, prefix: str, with_code: bool = True) -> RunReport:
     """
     layout = RunLayout(prefix)
     skipped: dict[str, str] = {}
+    damaged_results: set[str] = set()  # tasks (16 characters of the hash) with a damaged result
 
     def skip(error: CorruptObject) -> None:
         log.warning("%s", error)
         skipped.setdefault(error.key, str(error))
+        if error.key.startswith(f"{layout.prefix}/results/"):
+            damaged_results.add(error.key[len(layout.prefix) + len("/results/") :].split("/", 1)[0])
 
     manifest = read_model(store, layout.manifest, RunManifest, skip)
     results_by_task: dict[tuple[str, str], list[EvaluationResult]] = {}
@@ -229,16 +246,16 @@ def load_run(store: Store, prefix: str, with_code: bool = True) -> RunReport:
                         attribution[record.variant_hash] = (record.policy, record.name)
             outcome = TaskOutcome(task, gpu_class, summary, results, attribution)
             best = outcome.best_variant_hash
+            if summary is not None:
+                by_variant = {r.variant_hash: r for r in results}
+                damaged = task.hash[:16] in damaged_results
+                damage = summary_damage(store, layout, summary, by_variant, damaged, skip)
+            else:
+                damage = code_damage(store, best, skip) if best else ""
             code = None
-            if with_code and best:
-                try:
-                    code = store.get_variant(best)
-                except NotFound:
-                    code = None
-                except CorruptObject as error:
-                    skip(error)
-                    code = None
-            outcomes.append(TaskOutcome(task, gpu_class, summary, results, attribution, code))
+            if with_code and best and not damage:
+                code = store.get_variant(best)
+            outcomes.append(TaskOutcome(task, gpu_class, summary, results, attribution, code, damage))
     return RunReport(
         prefix=layout.prefix,
         store_url=store.url,
@@ -290,12 +307,17 @@ def format_table(outcomes: Sequence[TaskOutcome]) -> str:
     out = [line(header), line(["-" * width for width in widths])]
     out.extend(line(row) for row in rows)
     stats = speedup_stats(outcome.best_speedup for outcome in outcomes)
-    if stats.count:
+    missing = sum(1 for outcome in outcomes if outcome.best_speedup is None)
+    if stats.geomean is not None and stats.median is not None and stats.mean is not None:
         out.append("")
         out.append(
             f"{stats.count} task(s): geomean {stats.geomean:.2f}x, median {stats.median:.2f}x, "
             f"mean {stats.mean:.2f}x over eager; {stats.improved} improved by more than 1%"
+            + (f" ({missing} without a verified variant counted as 1.00x)" if missing else "")
         )
+    elif stats.count:
+        out.append("")
+        out.append(f"{stats.count} task(s), none with a verified variant yet: no speedup to summarise")
     if any(
         outcome.best_speedup is not None and not (outcome.summary and outcome.summary.verified)
         for outcome in outcomes
@@ -307,6 +329,11 @@ def format_table(outcomes: Sequence[TaskOutcome]) -> str:
 def format_best_code(outcomes: Sequence[TaskOutcome]) -> str:
     parts = []
     for outcome in outcomes:
+        if outcome.damage:
+            parts.append(
+                f"# ==== {outcome.task.name} on {outcome.gpu_class}: no code shown: {outcome.damage} ====\n"
+            )
+            continue
         if outcome.best_code is None:
             continue
         parts.append(
@@ -507,6 +534,16 @@ def render_html(report: RunReport) -> str:
             f"<pre><code>{esc(o.best_code)}</code></pre></details>"
         )
     policies = ", ".join(report.manifest.policies) if report.manifest else "-"
+    damaged = [o for o in report.outcomes if o.damage]
+    damage_html = (
+        '<p class="bad"><b>Damaged in the store</b> (no speedup or code shown; run the optimize '
+        "command that made this run again to repair it, and <code>kernelfleet store verify</code> for "
+        "details): "
+        + "; ".join(f"{esc(o.task.name)} on {esc(o.gpu_class)}: {esc(o.damage)}" for o in damaged)
+        + "</p>"
+        if damaged
+        else ""
+    )
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>kernelfleet run {esc(report.name)}</title>
 <meta name="viewport" content="width=device-width, initial-scale=1"><style>{_STYLE}</style></head>
@@ -515,6 +552,7 @@ def render_html(report: RunReport) -> str:
 <p class="muted">store {esc(report.store_url)} &middot; prefix {esc(report.prefix)}
 &middot; policies {esc(policies)} &middot; device classes {esc(", ".join(report.gpu_classes) or "-")}</p>
 <p class="stats">{stat_html}</p>
+{damage_html}
 <p class="muted">Speedups are over the eager PyTorch reference, measured by the kernelfleet evaluator;
 a finished task's best variant was re-measured in a fresh process.
 Tasks without a verified variant count as 1.0x.</p>

@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from kernelfleet.core.errors import UsageError
 from kernelfleet.core.job_options import BUDGET_OPTIONS, EVALUATION_OPTIONS, parse_duration
+from kernelfleet.core.jsontext import dumps
 from kernelfleet.core.models import Environment, Task
 from kernelfleet.core.options import Flag, ModelOptions
 from kernelfleet.core.run_location import add_location_flags, store_config
@@ -229,12 +230,21 @@ def _warn(message: str) -> None:
     print(f"warning: {message}", file=sys.stderr)
 
 
-def _warn_skipped(report: RunReport) -> None:
+def _warn_skipped(report: RunReport, store_flag: str = "") -> None:
     for message in report.skipped:
         _warn(f"left out: {message}")
+    for outcome in report.outcomes:
+        if outcome.damage:
+            _warn(
+                f"task {outcome.task.name} on {outcome.gpu_class}: {outcome.damage}, so no result is shown "
+                f"for it. Run the `kernelfleet optimize` command that made run {report.name} again (for a "
+                "cluster job: submit it again): it measures what is damaged again and restores lost code. "
+                f"`kernelfleet store verify{store_flag} {report.prefix}` lists every problem"
+            )
 
 
 def run_optimize(args: argparse.Namespace) -> int:
+    started_at = time.monotonic()  # --wall-time counts the whole command, set-up included
     if args.run is not None and not RUN_ID.match(args.run):
         raise UsageError(f"--run {args.run!r}: use letters, digits, '.', '_' and '-' (up to 100)")
     options = POLICY_OPTIONS.build(args)
@@ -294,6 +304,7 @@ def run_optimize(args: argparse.Namespace) -> int:
                 budget=budget,
                 settings=settings,
                 progress=progress,
+                started_at=started_at,
             )
     except PolicyError as error:
         raise UsageError(str(error)) from None
@@ -301,7 +312,7 @@ def run_optimize(args: argparse.Namespace) -> int:
         for policy in policies:
             policy.close()
     if args.json:
-        print(json.dumps([summary.model_dump(mode="json") for summary in summaries], indent=2))
+        print(dumps([summary.model_dump(mode="json") for summary in summaries], indent=2))
         return 0
     report = load_run(store, layout.prefix, with_code=False)
     _warn_skipped(report)
@@ -325,7 +336,7 @@ def run_results(args: argparse.Namespace) -> int:
         store = open_store(args.store, store_config(args))
         runs = list_runs(store)
         if args.json:
-            print(json.dumps(runs))
+            print(dumps(runs))
         elif runs:
             print("\n".join(runs))
         else:
@@ -333,7 +344,7 @@ def run_results(args: argparse.Namespace) -> int:
         return 0
     store, prefix = open_run(args)
     report = load_run(store, prefix, with_code=args.code or args.json)
-    _warn_skipped(report)
+    _warn_skipped(report, f" {store.url}")
     if args.json:
         rows = []
         for outcome in report.outcomes:
@@ -348,11 +359,12 @@ def run_results(args: argparse.Namespace) -> int:
                     "policy": outcome.best_policy or None,
                     "variant_hash": outcome.best_variant_hash,
                     "verdicts": dict(outcome.verdicts),
+                    "damage": outcome.damage or None,
                     "summary": outcome.summary.model_dump(mode="json") if outcome.summary else None,
                     "code": outcome.best_code,
                 }
             )
-        print(json.dumps({"run": report.name, "stats": report.stats().as_dict(), "tasks": rows}, indent=2))
+        print(dumps({"run": report.name, "stats": report.stats().as_dict(), "tasks": rows}, indent=2))
         return 0
     print(format_table(report.outcomes))
     if args.code:
@@ -364,7 +376,7 @@ def run_results(args: argparse.Namespace) -> int:
 def run_report(args: argparse.Namespace) -> int:
     store, prefix = open_run(args)
     report = load_run(store, prefix)
-    _warn_skipped(report)
+    _warn_skipped(report, f" {store.url}")
     slug = "".join(char if char.isalnum() or char in "._-" else "-" for char in report.name)
     output = Path(args.output or f"kernelfleet-report-{slug}.html")
     try:

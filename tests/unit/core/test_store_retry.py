@@ -128,7 +128,7 @@ def failing(times: int, error: BaseException, result: str = "done") -> Any:
 
 def test_transient_failures_back_off_exponentially_then_succeed(caplog: pytest.LogCaptureFixture) -> None:
     clock = Clock()
-    fn = failing(3, ConnectionRefusedError("refused"))
+    fn = failing(3, ConnectionResetError("reset"))
     assert retrier(clock).call(fn, "put s3://b/k") == "done"
     assert fn.calls["n"] == 4
     # Jittered in [d/2, d] around 1, 2, 4 seconds.
@@ -154,11 +154,11 @@ def test_permanent_failures_are_raised_at_once() -> None:
 
 def test_the_attempt_budget_ends_in_gave_up() -> None:
     clock = Clock()
-    fn = failing(100, ConnectionRefusedError("refused"))
+    fn = failing(100, ConnectionResetError("reset"))
     with pytest.raises(GaveUp) as raised:
         retrier(clock, attempts=4).call(fn, "op")
     assert raised.value.attempts == 4 and fn.calls["n"] == 4
-    assert isinstance(raised.value.last, ConnectionRefusedError)
+    assert isinstance(raised.value.last, ConnectionResetError)
     assert "gave up after 4 attempts" in str(raised.value)
 
 
@@ -180,3 +180,28 @@ def test_progress_resets_the_budget() -> None:
     with pytest.raises(GaveUp):
         attempts.failed(ConnectionResetError(), "stream")
         attempts.failed(ConnectionResetError(), "stream")
+
+
+def refused_by_the_pool() -> urllib3.exceptions.MaxRetryError:
+    """What the HTTP pool raises when nothing listens: the refusal is the cause of its reason."""
+    reason = urllib3.exceptions.NewConnectionError(None, "Failed to establish a new connection")  # type: ignore[arg-type]
+    reason.__cause__ = ConnectionRefusedError(111, "Connection refused")
+    return urllib3.exceptions.MaxRetryError(None, "/bucket/key", reason)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("error", [ConnectionRefusedError(111, "refused"), refused_by_the_pool()])
+def test_a_refused_connection_gives_up_within_its_own_short_deadline(error: BaseException) -> None:
+    clock = Clock()
+    with pytest.raises(GaveUp):
+        retrier(clock, attempts=10, deadline_s=180.0, refused_deadline_s=3.0).call(failing(100, error), "op")
+    assert sum(clock.sleeps) <= 3.0
+
+
+@pytest.mark.parametrize(
+    "error", [TimeoutError(), ConnectionResetError("reset"), s3_error("SlowDown", 503), refused()]
+)
+def test_timeouts_resets_and_5xx_keep_the_whole_budget(error: BaseException) -> None:
+    clock = Clock()
+    fn = failing(6, error)
+    assert retrier(clock, attempts=10, deadline_s=180.0, refused_deadline_s=3.0).call(fn, "op") == "done"
+    assert sum(clock.sleeps) > 3.0

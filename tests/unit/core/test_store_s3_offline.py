@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from xml.sax.saxutils import escape
@@ -103,6 +104,20 @@ def test_an_unreachable_endpoint_is_retried_then_reported(quiet_retries: pytest.
     assert f"127.0.0.1:{port}" in message and "s3://bucket/runs/variants/x.py" in message
     assert "KERNELFLEET_S3_ENDPOINT" in message and "after 3 attempts" in message
     assert len([r for r in quiet_retries.records if "retrying" in r.getMessage()]) == 2
+
+
+def test_a_refused_connection_is_reported_in_seconds_with_the_default_budget(
+    quiet_retries: pytest.LogCaptureFixture,
+) -> None:
+    """Nothing listens at the endpoint: the default budget (10 attempts over minutes, for a
+    slow server) gives the message after a few seconds of retries, not after the whole budget."""
+    port = closed_port()
+    store = open_store("s3://bucket/runs", config(f"127.0.0.1:{port}", retry=RetrySettings()))
+    began = time.monotonic()
+    with pytest.raises(StoreUnavailable) as raised:
+        store.get_bytes("variants/x.py")
+    assert time.monotonic() - began < RetrySettings().refused_deadline_s + 15.0  # a bound, with a margin
+    assert "connection refused" in str(raised.value) and "KERNELFLEET_S3_ENDPOINT" in str(raised.value)
 
 
 def test_tls_to_a_plain_http_server_says_to_turn_tls_off(quiet_retries: pytest.LogCaptureFixture) -> None:

@@ -81,3 +81,35 @@ def test_bad_usage_exits_2_with_a_message(
     assert main(["eval", "--reference", ref, "--candidate", cand, *QUICK, *args, "--json"]) == 2
     captured = capsys.readouterr()
     assert words in captured.err and captured.out == ""
+
+
+NAN_OUTPUT = """
+import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def forward(self, A, B):
+        return torch.full_like(A @ B, float("nan"))
+"""
+
+
+def strict_json(text: str) -> object:
+    """What a strict parser (JavaScript's, Go's) reads: NaN and Infinity are no JSON."""
+
+    def refuse(constant: str) -> object:
+        raise ValueError(f"{constant} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_json_output_is_valid_json_when_the_output_is_nan(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ref, cand = _files(tmp_path, C.MATMUL_TASK, NAN_OUTPUT)
+    assert main(["eval", "--reference", ref, "--candidate", cand, *QUICK, "--json"]) == 0
+    out = strict_json(capsys.readouterr().out)
+    assert isinstance(out, dict) and out["verdict"] == "incorrect"
+    # The error is not a number: null, and the reason beside it.
+    assert out["max_abs_error"] is None
+    assert "not a JSON number" in out["non_finite"]["max_abs_error"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import socket
 import subprocess
 import sys
 import time
@@ -169,9 +170,19 @@ def test_eval_serve_command_starts_and_answers(tmp_path: Path) -> None:
         with pytest.raises(ServiceError) as denied:
             EvaluationClient(url, token="wrong").submit(C.MATMUL_TASK, C.HONEST)
         assert denied.value.status == 401
+        # Malformed and abandoned requests: each answered 4xx or dropped, none logged as a traceback.
+        port = int(url.rsplit(":", 1)[1])
+        for head in ("Content-Length: abc\r\n", "Content-Length: -1\r\n", "Content-Length: 1000\r\n"):
+            with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+                sock.sendall(f"POST /v1/evaluations HTTP/1.1\r\nHost: x\r\n{head}\r\n{{}}".encode())
+                if "1000" not in head:
+                    assert sock.recv(100).startswith(b"HTTP/1.1 400")
+        assert EvaluationClient(url).health()["status"] == "ok"
     finally:
         process.terminate()
-        process.wait(60)
+        _, log = process.communicate(timeout=60)
+    assert "Traceback" not in log, log
+    assert process.returncode == 0, log
 
 
 def test_eval_serve_pools_references_unless_told_otherwise() -> None:

@@ -193,6 +193,47 @@ def test_cluster_commands_without_a_kubeconfig_say_how_to_get_one(
     assert "not both" in capsys.readouterr().err
 
 
+NOT_KUBECONFIGS = {
+    "text": "hello world\n",
+    "a-list": "- a\n- b\n",
+    "not-yaml": "{{{",
+    "empty": "",
+    "bad-clusters": "apiVersion: v1\nclusters: 5\n",
+    "bad-entry": "apiVersion: v1\nusers:\n- just-a-name\n",
+    "missing-context": "apiVersion: v1\ncurrent-context: x\ncontexts: []\n",
+    "missing-cluster": "apiVersion: v1\ncurrent-context: x\ncontexts:\n- name: x\n  context: {cluster: c}\n",
+    "binary": b"\xff\xfe\x00junk",
+}
+
+
+@pytest.mark.parametrize("content", list(NOT_KUBECONFIGS.values()), ids=list(NOT_KUBECONFIGS))
+def test_a_kubeconfig_that_is_not_one_is_named_by_every_cluster_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], content: str | bytes
+) -> None:
+    path = tmp_path / "kubeconfig"
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content)
+    monkeypatch.setenv("KUBECONFIG", str(path))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    commands = (
+        ["status"],
+        ["status", "tuned"],
+        ["logs", "tuned"],
+        ["results", "optimizationjob/tuned"],
+        ["report", "optimizationjob/tuned"],
+        ["submit", str(tmp_path), "--store", "s3://b/p", "--name", "tuned"],
+        ["operator", "-A", "--standalone", "--no-metrics"],
+    )
+    for argv in commands:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert len(lines) == 1 and f"cannot use the kubeconfig {path}" in lines[0], (argv, err)
+        assert "Traceback" not in err
+
+
 # ---------------------------------------------------------------------- submit
 
 

@@ -16,6 +16,7 @@ import pytest
 
 import kernelfleet.evaluator as evaluator_module
 from kernelfleet.core.errors import UsageError
+from kernelfleet.core.models import TaskSummary
 from kernelfleet.core.store import open_store
 from kernelfleet.search import cli
 from tests.support.search import REFERENCE, ScriptedEvaluator, variant_code
@@ -348,10 +349,20 @@ def test_corrupt_objects_are_named_and_the_rest_is_read(
         assert str(summaries[0].relative_to(root)) in err
         if argv[0] == "results":
             assert "double" in out and "triple" in out
-    # Resuming names them too, and carries on.
+    # Resuming names what it cannot mend (run.json) and repairs the rest: the damaged result is
+    # measured again in place (its bytes kept under damaged/), and the task's summary written anew.
     assert kernelfleet(*OPTIMIZE, "--store", "store", "--run", "demo") == 0
     err = capsys.readouterr().err
-    assert "run.json" in err and str(results[0].relative_to(root)) in err
+    assert "run.json" in err
+    store = open_store(root)
+    key = str(results[0].relative_to(root))
+    assert store.read_result(key).key.path() in key
+    assert any(k.startswith(f"damaged/{key}-") for k in store.list("damaged/"))
+    summary_key = str(summaries[0].relative_to(root))
+    assert store.read_model(summary_key, TaskSummary).task_name in ("double", "triple")
+    assert kernelfleet("results", "demo", "--store", "store") == 0
+    out, err = capsys.readouterr()
+    assert key not in err and "double" in out and "triple" in out
 
 
 def test_a_replay_file_that_is_not_utf8_or_names_no_task(
@@ -379,3 +390,94 @@ def test_bad_numbers_are_refused_by_flag(workspace: Path, capsys: pytest.Capture
         assert kernelfleet(*OPTIMIZE, "--store", "store", *argv) == 2
         err = capsys.readouterr().err
         assert f"argument {flag}" in err and "Traceback" not in err
+
+
+# ---------------------------------------------------------------------- a damaged store
+
+
+def best_of_double(root: Path) -> tuple[str, str]:
+    """The double task's summary's best variant, and its result's key."""
+    from kernelfleet.search._report import load_run
+
+    store = open_store(root)
+    [double] = [o for o in load_run(store, "runs/demo").outcomes if o.task.name == "double"]
+    assert double.summary is not None and double.summary.best_variant_hash is not None
+    best = double.summary.best_variant_hash
+    [key] = [k for k in store.list("runs/demo/results/") if k.endswith(f"/{best}.json")]
+    return best, key
+
+
+@pytest.mark.parametrize("damage", ["truncate", "replace", "delete"])
+def test_a_damaged_result_is_never_shown_and_a_resume_measures_it_again(
+    workspace: Path, capsys: pytest.CaptureFixture[str], damage: str
+) -> None:
+    assert kernelfleet(*OPTIMIZE, "--store", "store", "--run", "demo") == 0
+    root = workspace / "store"
+    best, key = best_of_double(root)
+    path = root / key
+    if damage == "truncate":
+        path.write_bytes(path.read_bytes()[:50])
+    elif damage == "replace":  # another variant's (valid) result put at this key
+        other = next(p for p in path.parent.glob("*.json") if p != path)
+        path.write_bytes(other.read_bytes())
+    else:
+        path.unlink()
+    capsys.readouterr()
+    assert kernelfleet("results", "demo", "--store", "store") == 0
+    out, err = capsys.readouterr()
+    double = next(line for line in out.splitlines() if line.startswith("double"))
+    assert "2.50x" not in double and "DAMAGED" in double
+    assert "task double" in err and "kernelfleet optimize" in err and "store verify" in err
+    assert "Traceback" not in err
+    assert kernelfleet("results", "demo", "--store", "store", "--json") == 0
+    rows = {row["task"]: row for row in json.loads(capsys.readouterr().out)["tasks"]}
+    assert rows["double"]["best_speedup"] is None and rows["double"]["damage"]
+    assert rows["double"]["code"] is None and rows["triple"]["damage"] is None
+    assert kernelfleet("report", "demo", "--store", "store", "-o", "r.html") == 0
+    html = (workspace / "r.html").read_text()
+    assert "Damaged in the store" in html and "2.50x" not in html
+    assert kernelfleet("store", "verify", "store", "demo") == 1
+
+    # The same command again measures the damaged result again, in place, and reports it.
+    evaluated_before = sum(len(e.evaluated) for e in CliEvaluator.instances)
+    assert kernelfleet(*OPTIMIZE, "--store", "store", "--run", "demo") == 0
+    assert sum(len(e.evaluated) for e in CliEvaluator.instances) > evaluated_before
+    capsys.readouterr()
+    assert open_store(root).read_result(key).variant_hash == best
+    assert kernelfleet("results", "demo", "--store", "store") == 0
+    out, err = capsys.readouterr()
+    assert "2.50x" in next(line for line in out.splitlines() if line.startswith("double"))
+    assert "DAMAGED" not in out and "left out" not in err
+    assert kernelfleet("store", "verify", "store", "demo") == 0
+
+
+@pytest.mark.parametrize("damage", ["delete", "tamper"])
+def test_lost_code_is_named_fails_verify_and_a_resume_restores_it(
+    workspace: Path, capsys: pytest.CaptureFixture[str], damage: str
+) -> None:
+    assert kernelfleet(*OPTIMIZE, "--store", "store", "--run", "demo") == 0
+    root = workspace / "store"
+    best, _ = best_of_double(root)
+    code_path = root / "variants" / f"{best}.py"
+    original = code_path.read_bytes()
+    if damage == "delete":
+        code_path.unlink()
+    else:
+        code_path.write_bytes(b"print('tampered')\n")
+    capsys.readouterr()
+    assert kernelfleet("results", "demo", "--store", "store", "--code") == 0
+    out, err = capsys.readouterr()
+    assert f"no code shown: the code of its best variant {best[:12]}" in out
+    assert "2.50x" not in out.split("# ====")[0].split("double", 1)[1].splitlines()[0]
+    assert "task double" in err
+    assert kernelfleet("store", "verify", "store", "demo") == 1
+    out, _ = capsys.readouterr()
+    assert f"variants/{best}.py" in out
+
+    assert kernelfleet(*OPTIMIZE, "--store", "store", "--run", "demo") == 0
+    assert code_path.read_bytes() == original  # proposed again by the replay policy, and stored
+    capsys.readouterr()
+    assert kernelfleet("store", "verify", "store", "demo") == 0
+    assert kernelfleet("results", "demo", "--store", "store", "--code") == 0
+    out, _ = capsys.readouterr()
+    assert "no code shown" not in out and "variant: d1" in out

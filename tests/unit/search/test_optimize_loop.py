@@ -399,3 +399,38 @@ def test_budget_validation() -> None:
     with pytest.raises(ValidationError, match="wall_time_seconds"):
         Budget(wall_time_seconds=float("inf"))
     assert Budget(rounds=2).fingerprint() != Budget(rounds=3).fingerprint()
+
+
+def test_a_resume_repairs_every_damaged_record_of_a_task(store: Store, tmp_path: Path) -> None:
+    """Samples, the task object, the summary, the verification, the baselines and a result,
+    each damaged on disk: the same call measures or asks again only what it needs, writes the
+    records anew in place (the damaged bytes kept under damaged/), and the run verifies."""
+    from kernelfleet.core.store import verify_run
+
+    budget = Budget(rounds=1, samples_per_round=2)
+    first = run(store, ScriptedEvaluator(), [ScriptedPolicy(climbing)], budget)
+    root = tmp_path / "store"
+    alpha = next(s for s in first if s.task_name == "alpha")
+    task_dir = next(p for p in (root / PREFIX / "tasks").iterdir() if alpha.task_hash.startswith(p.name))
+    damaged = [
+        next(task_dir.rglob("samples/*/*.json")),
+        task_dir / "task.json",
+        next(task_dir.rglob("summary-*.json")),
+        next(task_dir.rglob("verified/*/*.json")),
+        next(task_dir.rglob("baselines/*.json")),
+        next((root / PREFIX / "results" / task_dir.name).rglob("*.json")),
+    ]
+    for path in damaged:
+        path.write_bytes(path.read_bytes()[:20])
+    assert not verify_run(store, PREFIX).ok
+
+    again = ScriptedEvaluator()
+    policy = ScriptedPolicy(climbing)
+    second = run(store, again, [policy], budget)
+    assert len(again.evaluated) == 1 and len(policy.requests) == 1  # the damaged result and sample only
+    assert {s.task_name: s.best_speedup for s in second} == {s.task_name: s.best_speedup for s in first}
+    for path in damaged:  # each readable again
+        assert path.read_bytes()[:1] == b"{" and path.read_bytes().rstrip().endswith(b"}")
+    check = verify_run(store, PREFIX)
+    assert check.ok, check.findings
+    assert len(list(store.list(f"damaged/{PREFIX}/"))) == len(damaged)

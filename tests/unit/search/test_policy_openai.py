@@ -4,6 +4,7 @@ OpenAI chat-completions protocol: plain and streamed answers, errors, retries, t
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import threading
 import time
@@ -227,6 +228,18 @@ def test_timeouts(server: ChatServer) -> None:
     while len(server.requests) < 2 and time.monotonic() < deadline:
         time.sleep(0.02)
     assert len(server.requests) == 2
+
+
+def test_the_run_budget_ends_a_request_in_flight_and_its_retries(server: ChatServer) -> None:
+    """A request carries the run's wall-time deadline: the policy stops waiting then, however
+    long --request-timeout is, and does not retry past it; the sample is asked again on resume."""
+    server.steps += [Step(sleep_s=5.0), Step(sleep_s=5.0), Step(sleep_s=5.0)]
+    request = dataclasses.replace(requests_for(1)[0], deadline=time.monotonic() + 0.5)
+    began = time.monotonic()
+    (proposal,) = policy(server, timeout_s=600.0, retries=5).propose([request])
+    assert time.monotonic() - began < 5.0
+    assert proposal.transient and not proposal.recorded
+    assert len(server.requests) <= 2
 
 
 def test_a_stream_cut_short_is_retried(server: ChatServer) -> None:

@@ -15,12 +15,12 @@ continues from its newest checkpoint in the store.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from typing import Any
 
 from kernelfleet.core.errors import UsageError
+from kernelfleet.core.jsontext import dumps
 from kernelfleet.core.resources import (
     GRPOStageConfig,
     PolicyKind,
@@ -154,7 +154,7 @@ def _open(config: RunConfig, args: argparse.Namespace) -> Any:
 
 def _print_summary(run: Any, summaries: list[dict[str, Any]]) -> None:
     for summary in summaries:
-        print(json.dumps(summary, sort_keys=True, default=str))
+        print(dumps(summary, sort_keys=True, default=str))
     report = latest_report(run.store, run.layout)
     if report is not None:
         print(f"\nheld-out tasks: {', '.join(report['held_out_tasks'])}")
@@ -276,7 +276,7 @@ def status_command(args: argparse.Namespace) -> int:
         found = latest_stage_status(store, layout, stage.name)
         statuses.append(found.model_dump(mode="json") if found else {"name": stage.name, "phase": "Pending"})
     if args.json:
-        print(json.dumps(statuses, indent=2))
+        print(dumps(statuses, indent=2))
         return 0
     for status in statuses:
         metrics = ", ".join(f"{k}={v:.4g}" for k, v in sorted(status.get("metrics", {}).items())[:8])
@@ -294,7 +294,7 @@ def report_command(args: argparse.Namespace) -> int:
         print(f"no held-out report yet in {store.url_for(layout.prefix)}", file=sys.stderr)
         return 1
     if args.json:
-        print(json.dumps(report, indent=2))
+        print(dumps(report, indent=2))
     else:
         print(f"held-out tasks: {', '.join(report['held_out_tasks'])}")
         print(report["table"])

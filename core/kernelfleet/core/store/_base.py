@@ -33,6 +33,7 @@ from pydantic import BaseModel, ValidationError
 
 from kernelfleet.core.errors import KernelfleetError, UsageError
 from kernelfleet.core.hashing import normalize_source, source_hash
+from kernelfleet.core.jsontext import dumps
 from kernelfleet.core.models import EvaluationResult, ResultKey
 from kernelfleet.core.store._errors import (
     CorruptObject,
@@ -56,6 +57,7 @@ VARIANTS_PREFIX = "variants"
 RESULTS_DIR = "results"
 CONFLICTS_DIR = "conflicts"
 PROVISIONAL_DIR = "provisional"
+DAMAGED_DIR = "damaged"  # at the store's root: copies of objects found damaged, then repaired
 CHECK_PREFIX = ".kernelfleet-check"
 CHUNK = 1024 * 1024
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -83,12 +85,12 @@ class CheckStep:
 
 
 def encode_json(obj: BaseModel | dict[str, Any]) -> bytes:
-    """Canonical JSON (sorted keys): the same value always gives the same bytes, so rewriting
-    it is a no-op rather than a conflict."""
+    """Canonical JSON (sorted keys, non-finite numbers as null): the same value always gives the
+    same bytes, so rewriting it is a no-op rather than a conflict."""
     value = obj.model_dump(mode="json") if isinstance(obj, BaseModel) else obj
     if not isinstance(value, dict):
         raise UsageError(f"put_json stores a pydantic model or a dict, not {type(obj).__name__}")
-    return (json.dumps(value, sort_keys=True, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+    return (dumps(value, sort_keys=True, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
 
 
 def variant_key(variant_hash: str) -> str:
@@ -172,6 +174,11 @@ class Store(abc.ABC):
         """Stream a local file to `key`; return (written, sha256, size)."""
 
     @abc.abstractmethod
+    def _overwrite(self, key: str, data: bytes) -> None:
+        """Replace an object whole (atomically, as a first write). Only `repair` uses it, on an
+        object a reader found damaged: objects are otherwise immutable."""
+
+    @abc.abstractmethod
     def _delete(self, key: str) -> None:
         """Remove an object. Only the connectivity check uses it: objects are otherwise immutable."""
 
@@ -209,6 +216,67 @@ class Store(abc.ABC):
             )
         return value
 
+    def get_record(self, key: str) -> bytes:
+        """The bytes of an object kernelfleet wrote and vouches for (a result, a variant's code),
+        checked against the sha256 recorded with it where the backend records one: a mismatch,
+        or (S3) an object without kernelfleet's record, is a `CorruptObject`."""
+        return self.get_bytes(key)
+
+    def read_record(self, key: str, model: type[M]) -> M:
+        """`read_model` through `get_record`."""
+        data = self.get_record(key)
+        try:
+            value = json.loads(data.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise CorruptObject(
+                f"object {self.url_for(key)} is not valid JSON ({error}): it is damaged", key
+            ) from None
+        if not isinstance(value, dict):
+            raise CorruptObject(
+                f"object {self.url_for(key)} holds JSON {type(value).__name__}, not an object", key
+            )
+        return self._model(model, key, value)
+
+    def read_result(self, key: str) -> EvaluationResult:
+        """The evaluation result at `key`, checked: its recorded hash (`get_record`), its model,
+        and, under a run's results/, that it is the result its key names (task, GPU class,
+        evaluator version, variant). NotFound if none, CorruptObject if damaged."""
+        result = self.read_record(key, EvaluationResult)
+        marker = f"{RESULTS_DIR}/"
+        if f"/{marker}" in f"/{key}":
+            tail = key[key.rindex(marker) :]
+            if tail != result.key.path():
+                raise CorruptObject(
+                    f"object {self.url_for(key)} holds the result of {result.key.path()}, not of its key: "
+                    "it is damaged or was put there by hand",
+                    key,
+                )
+        return result
+
+    def repair(self, key: str, data: bytes) -> str:
+        """Write `data` over an object a reader found damaged (the caller has checked it), keeping
+        the damaged bytes, when there are any, under damaged/<key>-<time> first. Returns that key
+        ("" when the object was missing). Nothing measured is lost: what was there stays readable
+        as it was, beside the store's records."""
+        kept = ""
+        try:
+            old = self.get_bytes(key)
+        except NotFound:
+            old = None
+        except IntegrityError:
+            old = self._raw_bytes(key)
+        if old is not None:
+            stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
+            kept = join_key(DAMAGED_DIR, f"{key}-{stamp}")
+            self.put_bytes(kept, old)
+            log.warning("replacing the damaged object %s; its bytes are kept at %s", key, kept)
+        self._overwrite(key, data)
+        return kept
+
+    def _raw_bytes(self, key: str) -> bytes:
+        """The object's bytes without any check (S3 overrides `get_bytes`'s check away)."""
+        return self.get_bytes(key)
+
     def read_model(self, key: str, model: type[M]) -> M:
         """The object at `key` as `model`; NotFound if none, CorruptObject if it is not one."""
         return self._model(model, key, self.get_json(key))
@@ -228,18 +296,34 @@ class Store(abc.ABC):
 
     # ------------------------------------------------------------------ variants and results
 
-    def put_variant(self, code: str) -> str:
-        """Store the normalised source at variants/<sha256>.py; return the hash."""
+    def put_variant(self, code: str, *, check: bool = False) -> str:
+        """Store the normalised source at variants/<sha256>.py; return the hash. The key is the
+        content's address, so another object there is a damaged copy: it is repaired. With
+        `check`, a copy the backend takes for this one (S3 compares recorded hashes) is read
+        back too, and repaired if damaged: for restoring code a reader found lost."""
         digest = source_hash(code)
-        self.put_bytes(variant_key(digest), normalize_source(code).encode("utf-8"))
+        key = variant_key(digest)
+        data = normalize_source(code).encode("utf-8")
+        try:
+            written = self.put_bytes(key, data)
+        except ObjectConflict:
+            self.repair(key, data)
+            return digest
+        if check and not written:
+            try:
+                self.get_variant(digest)
+            except CorruptObject:
+                self.repair(key, data)
         return digest
 
     def get_variant(self, variant_hash: str) -> str:
+        """The code of a variant, checked against its content address (and recorded hash);
+        NotFound if missing, CorruptObject if damaged."""
         if not _HEX64.match(variant_hash):
             raise UsageError(f"{variant_hash!r} is not a variant hash: expected 64 lowercase hex digits")
         key = variant_key(variant_hash)
         try:
-            code = self.get_bytes(key).decode("utf-8")
+            code = self.get_record(key).decode("utf-8")
         except UnicodeDecodeError:
             raise CorruptObject(
                 f"variant {self.url_for(key)} is not UTF-8 text: the object is corrupt", key
@@ -268,8 +352,25 @@ class Store(abc.ABC):
         key = join_key(prefix, rkey.path())
         data = encode_json(result)
         try:
-            return self.put_bytes(key, data)
+            if self.put_bytes(key, data):
+                return True
+            # Taken for identical: a key is measured once, so this is a repeat after a reader
+            # found the object damaged, and the backend may have compared only a recorded hash.
+            try:
+                self.read_result(key)
+            except CorruptObject:
+                self.repair(key, data)
+                return True
+            return False
         except ObjectConflict:
+            try:
+                self.read_result(key)
+            except CorruptObject:
+                # What is there cannot be read as this key's result: it is damaged, not a rival.
+                self.repair(key, data)
+                return True
+            except NotFound:
+                pass
             digest = hashlib.sha256(data).hexdigest()[:16]
             kept = join_key(prefix, CONFLICTS_DIR, rkey.path().removesuffix(".json") + f"-{digest}.json")
             self.put_bytes(kept, data)
@@ -294,7 +395,7 @@ class Store(abc.ABC):
     def get_result(self, prefix: str, key: ResultKey) -> EvaluationResult | None:
         object_key = join_key(prefix, key.path())
         try:
-            return self.read_model(object_key, EvaluationResult)
+            return self.read_result(object_key)
         except NotFound:
             return None
 
@@ -305,7 +406,7 @@ class Store(abc.ABC):
         for key in self.list(join_key(prefix, RESULTS_DIR) + "/"):
             if key.endswith(".json"):
                 try:
-                    yield self.read_model(key, EvaluationResult)
+                    yield self.read_result(key)
                 except CorruptObject as error:
                     if on_corrupt is None:
                         raise

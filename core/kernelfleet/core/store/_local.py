@@ -166,6 +166,18 @@ class LocalStore(Store):
             temp, digest, size = self._write_temp(directory, iter(lambda: source.read(CHUNK), b""), progress)
         return self._publish(temp, target, key, digest), digest, size
 
+    def _overwrite(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        directory = self._parent(path, key)
+        temp, _, _ = self._write_temp(directory, [bytes(data)], None)
+        try:
+            os.replace(temp, path)
+            if self._fsync:
+                self._sync_dir(directory)
+        except OSError as error:
+            temp.unlink(missing_ok=True)
+            raise StoreError(f"cannot replace {self.url_for(key)}: {error.strerror or error}") from None
+
     # ------------------------------------------------------------------ reading
 
     def get_bytes(self, key: str) -> bytes:

@@ -12,6 +12,7 @@ that was written before the connection dropped is simply written again with the 
 
 from __future__ import annotations
 
+import errno
 import http.client
 import logging
 import random
@@ -100,6 +101,29 @@ def is_transient(error: BaseException) -> bool:
     return isinstance(error, ConnectionError | TimeoutError | http.client.HTTPException)
 
 
+def is_refused(error: BaseException) -> bool:
+    """True when the server refused the connection (nothing listens at the endpoint), as
+    opposed to a timeout, a reset or a 5xx: the cause chain holds ECONNREFUSED."""
+    seen: set[int] = set()
+    stack: list[BaseException | None] = [error]
+    while stack:
+        current = stack.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, ConnectionRefusedError) or (
+            isinstance(current, OSError) and current.errno == errno.ECONNREFUSED
+        ):
+            return True
+        reason = getattr(current, "reason", None)
+        stack += [
+            current.__cause__,
+            current.__context__,
+            reason if isinstance(reason, BaseException) else None,
+        ]
+    return False
+
+
 def describe(error: BaseException) -> str:
     """A one-line account of an error, without urllib3's nested reprs."""
     if isinstance(error, S3Error):
@@ -178,7 +202,10 @@ class Attempts:
         settings = self._retrier.settings
         elapsed = self._retrier._clock() - self._started
         pause = self._retrier.delay(self._count)
-        if self._count >= settings.attempts or elapsed + pause > settings.deadline_s:
+        deadline = settings.deadline_s
+        if is_refused(error):
+            deadline = min(deadline, settings.refused_deadline_s)
+        if self._count >= settings.attempts or elapsed + pause > deadline:
             raise GaveUp(error, self._total, elapsed) from error
         log.warning(
             "%s: %s; retrying in %.1fs (attempt %d of %d)",

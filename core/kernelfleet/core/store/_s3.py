@@ -40,7 +40,13 @@ from minio.error import S3Error
 from kernelfleet.core.config import ACCESS_KEY_FILE, SECRET_KEY_FILE, StoreConfig, read_credentials_dir
 from kernelfleet.core.errors import KernelfleetError, StoreError, UsageError
 from kernelfleet.core.store._base import CHUNK, CheckStep, ObjectInfo, Progress, Store, file_sha256
-from kernelfleet.core.store._errors import IntegrityError, NotFound, ObjectConflict, StoreUnavailable
+from kernelfleet.core.store._errors import (
+    CorruptObject,
+    IntegrityError,
+    NotFound,
+    ObjectConflict,
+    StoreUnavailable,
+)
 from kernelfleet.core.store._keys import TEMP_MARK, check_key, check_prefix
 from kernelfleet.core.store._retry import GaveUp, Retrier, describe
 from kernelfleet.core.store._urls import StoreURL
@@ -355,20 +361,7 @@ class S3Store(Store):
         found = self._head(key)
         if found is not None:
             return self._compare(key, found, digest)
-        name = self._name(key)
-        self._run(
-            "put",
-            key,
-            lambda: self._client.put_object(
-                bucket_name=self._bucket,
-                object_name=name,
-                data=io.BytesIO(data),
-                length=len(data),
-                content_type=_content_type(key),
-                metadata={META_SHA256: digest},
-            ),
-            write=True,
-        )
+        self._overwrite(key, data)
         return True
 
     def _put_file(self, key: str, path: Path, progress: Progress | None) -> tuple[bool, str, int]:
@@ -411,6 +404,51 @@ class S3Store(Store):
         return True, digest, size
 
     def get_bytes(self, key: str) -> bytes:
+        return self._checked(key, recorded_required=False)
+
+    def get_record(self, key: str) -> bytes:
+        return self._checked(key, recorded_required=True)
+
+    def _checked(self, key: str, *, recorded_required: bool) -> bytes:
+        """The object's bytes, matched against their recorded sha256 (when there is one, or
+        always with `recorded_required`: an object another tool wrote has none)."""
+        data, recorded = self._fetch(key)
+        if recorded is None and recorded_required:
+            raise CorruptObject(
+                f"{self._where(key)} has no recorded sha256: kernelfleet did not write it (it was "
+                "replaced or copied by another tool), so it is not trusted",
+                key,
+            )
+        if recorded is not None and hashlib.sha256(data).hexdigest() != recorded:
+            raise CorruptObject(
+                f"{self._where(key)} does not match its recorded sha256: the object or the transfer "
+                "is corrupt",
+                key,
+            )
+        return data
+
+    def _raw_bytes(self, key: str) -> bytes:
+        return self._fetch(key)[0]
+
+    def _overwrite(self, key: str, data: bytes) -> None:
+        name = self._name(check_key(key))
+        digest = hashlib.sha256(data).hexdigest()
+        self._run(
+            "put",
+            key,
+            lambda: self._client.put_object(
+                bucket_name=self._bucket,
+                object_name=name,
+                data=io.BytesIO(data),
+                length=len(data),
+                content_type=_content_type(key),
+                metadata={META_SHA256: digest},
+            ),
+            write=True,
+        )
+
+    def _fetch(self, key: str) -> tuple[bytes, str | None]:
+        """The object's bytes and the sha256 recorded with it, if any."""
         name = self._name(check_key(key))
 
         def fetch() -> tuple[bytes, str | None]:
@@ -429,12 +467,7 @@ class S3Store(Store):
                 response.release_conn()
 
         data, recorded = self._run("get", key, fetch)
-        if recorded is not None and hashlib.sha256(data).hexdigest() != recorded:
-            raise IntegrityError(
-                f"{self._where(key)} does not match its recorded sha256: the object or the transfer "
-                "is corrupt"
-            )
-        return data
+        return data, recorded
 
     def exists(self, key: str) -> bool:
         return self._head(key) is not None

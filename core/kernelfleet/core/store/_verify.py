@@ -3,12 +3,14 @@
 A store that answers is not yet a store to trust. This walks a run's objects and checks what
 the evaluator and the loop promise about them:
 
-- every result parses, sits at the key its own content names (task, GPU class, evaluator
-  version, variant), and its variant's code is in the store and hashes to its name;
+- every result parses, matches the sha256 recorded with it (S3), sits at the key its own content
+  names (task, GPU class, evaluator version, variant), and its variant's code is in the store
+  and hashes to its name;
 - no result key has a conflicting second result (`conflicts/`): a different result for a key
   measured once means something other than the evaluator wrote one of them;
-- every task summary's best variant has a correct result with the speedup the summary
-  reports, and a summary that says "verified" has its verification;
+- every task's newest summary names a best variant with a correct result and the speedup the
+  summary reports, and one that says "verified" has its verification, intact;
+- objects found damaged and replaced (their bytes kept under damaged/) are counted;
 - results that are not final (`provisional/`) are counted, and who holds the run's lease.
 
 Errors make the run untrustworthy until a person looks; warnings are worth knowing.
@@ -24,7 +26,7 @@ from pydantic import ValidationError
 
 from kernelfleet.core.errors import StoreError, UsageError
 from kernelfleet.core.models import EvaluationResult, TaskSummary, Verdict
-from kernelfleet.core.store._base import CONFLICTS_DIR, PROVISIONAL_DIR, RESULTS_DIR, Store
+from kernelfleet.core.store._base import CONFLICTS_DIR, DAMAGED_DIR, PROVISIONAL_DIR, RESULTS_DIR, Store
 from kernelfleet.core.store._errors import IntegrityError, NotFound
 from kernelfleet.core.store._keys import join_key
 from kernelfleet.core.store._lease import current_lease
@@ -61,17 +63,11 @@ def verify_run(store: Store, prefix: str) -> RunCheck:
         if not key.endswith(".json"):
             continue
         try:
-            result = EvaluationResult.model_validate(store.get_json(key))
-        except (ValidationError, StoreError) as error:
+            result = store.read_result(key)
+        except StoreError as error:
             check.add("error", key, f"not a readable evaluation result: {str(error).splitlines()[0]}")
             continue
         check.results += 1
-        expected = join_key(prefix, result.key.path())
-        if expected != key:
-            check.add(
-                "error", key, f"holds the result of another key ({result.key.path()}): it was misplaced"
-            )
-            continue
         results[key] = result
         variant = result.variant_hash
         if variant not in variants_checked:
@@ -80,7 +76,12 @@ def verify_run(store: Store, prefix: str) -> RunCheck:
                 variants_checked[variant] = True
             except NotFound:
                 variants_checked[variant] = False
-                check.add("warning", key, f"its code (variants/{variant}.py) is not in the store")
+                check.add(
+                    "error",
+                    key,
+                    f"its code (variants/{variant}.py) is not in the store: run the optimize command again "
+                    "to restore it",
+                )
             except (IntegrityError, UsageError) as error:
                 variants_checked[variant] = False
                 check.add("error", key, str(error))
@@ -105,8 +106,18 @@ def verify_run(store: Store, prefix: str) -> RunCheck:
             f"{len(provisional)} result(s) kept as provisional (a timing that did not settle, a judge that "
             "failed); a resumed run measures them again",
         )
+    damaged = [k for k in store.list(join_key(DAMAGED_DIR, prefix) + "/")]
+    if damaged:
+        check.add(
+            "info",
+            join_key(DAMAGED_DIR, prefix),
+            f"{len(damaged)} object(s) were found damaged and replaced; their bytes are kept there",
+        )
+    # A task's newest summary is its word; an older one (a search continued after a budget stop,
+    # or repaired) was superseded and may name results measured again since.
+    newest: dict[str, tuple[str, TaskSummary]] = {}
     for key in store.list(join_key(prefix, "tasks") + "/"):
-        name = key.rsplit("/", 1)[-1]
+        directory, name = key.rsplit("/", 1)
         if not (name.startswith("summary-") and name.endswith(".json")):
             continue
         try:
@@ -115,6 +126,9 @@ def verify_run(store: Store, prefix: str) -> RunCheck:
             check.add("error", key, f"not a readable task summary: {str(error).splitlines()[0]}")
             continue
         check.summaries += 1
+        if directory not in newest or newest[directory][1].finished_at <= summary.finished_at:
+            newest[directory] = (key, summary)  # per task and GPU class, as the reports read them
+    for key, summary in newest.values():
         _check_summary(store, prefix, key, summary, results, check)
     lease = current_lease(store, prefix)
     if lease is not None and not lease.released:
@@ -156,8 +170,12 @@ def _check_summary(
     if summary.verified:
         gpu_root = join_key(prefix, "tasks", task16, summary.gpu_class)
         verification = join_key(gpu_root, "verified", summary.evaluator_version, f"{best}.json")
-        if not store.exists(verification):
+        try:
+            store.read_record(verification, EvaluationResult)
+        except NotFound:
             check.add("error", key, f"says verified, but {verification} is missing")
+        except StoreError as error:
+            check.add("error", key, f"says verified, but its verification is damaged: {error}")
 
 
 def _read_result(store: Store, key: str) -> EvaluationResult | None:

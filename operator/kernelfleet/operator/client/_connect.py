@@ -41,6 +41,77 @@ def kubeconfig_path(explicit: str | None = None) -> Path | None:
     return default if default.is_file() else None
 
 
+def kubeconfig_paths() -> list[Path]:
+    """Every kubeconfig file kubectl (and kopf) would merge: those in $KUBECONFIG that exist,
+    else ~/.kube/config when it does."""
+    found = [
+        Path(c) for c in (os.environ.get("KUBECONFIG") or "").split(os.pathsep) if c and Path(c).is_file()
+    ]
+    default = Path.home() / ".kube" / "config"
+    return found or ([default] if default.is_file() else [])
+
+
+def check_kubeconfig(*paths: Path) -> None:
+    """Refuse, with the one-line `cannot use the kubeconfig PATH: ...`, files that together are
+    not a kubeconfig, before a Kubernetes client reads them: the clients fail on one with a
+    TypeError, an AttributeError or a KeyError from deep inside (kopf's login retries it every
+    minute). Several files merge as kubectl merges them: the first current-context wins."""
+    import yaml
+
+    def refuse(path: Path, reason: str) -> UsageError:
+        return UsageError(f"cannot use the kubeconfig {path}: {reason}; fix it or pick another context")
+
+    names: dict[str, dict[str, dict[str, Any]]] = {"clusters": {}, "contexts": {}, "users": {}}
+    current: tuple[Path, str] | None = None
+    for path in paths:
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except OSError as error:
+            raise refuse(path, f"it cannot be read ({error.strerror or error})") from None
+        except UnicodeDecodeError:
+            raise refuse(path, "it is not text") from None
+        except yaml.YAMLError as error:
+            raise refuse(path, f"it is not YAML ({str(error).splitlines()[0]})") from None
+        if data is None:
+            raise refuse(path, "it is empty")
+        if not isinstance(data, dict):
+            raise refuse(
+                path,
+                f"it holds a YAML {type(data).__name__}, not a kubeconfig (a mapping with clusters, "
+                "contexts and users; `kubectl config view` shows one)",
+            )
+        for section, inner in (("clusters", "cluster"), ("contexts", "context"), ("users", "user")):
+            entries = data.get(section) or []
+            if not isinstance(entries, list) or not all(
+                isinstance(entry, dict)
+                and isinstance(entry.get("name"), str)
+                and isinstance(entry.get(inner) or {}, dict)
+                for entry in entries
+            ):
+                raise refuse(
+                    path, f"its {section!r} is not a list of entries with a name and a {inner!r} mapping"
+                )
+            for entry in entries:
+                names[section].setdefault(entry["name"], entry.get(inner) or {})
+        chosen = data.get("current-context")
+        if chosen is not None and not isinstance(chosen, str):
+            raise refuse(path, "its 'current-context' is not a name")
+        if chosen and current is None:
+            current = (path, chosen)
+    if current is None:
+        return
+    path, chosen = current
+    context = names["contexts"].get(chosen)
+    if context is None:
+        raise refuse(path, f"its current-context {chosen!r} is not one of its contexts")
+    for section, field in (("clusters", "cluster"), ("users", "user")):
+        wanted = context.get(field)
+        if wanted is not None and wanted not in names[section]:
+            raise refuse(
+                path, f"context {chosen!r} names {field} {wanted!r}, which no {section} entry defines"
+            )
+
+
 @dataclass
 class Cluster:
     """An API client for the cluster and the namespace commands act in by default."""
@@ -97,6 +168,7 @@ def connect(namespace: str | None = None, kubeconfig: str | None = None) -> Clus
         if path is not None:
             if not path.is_file():
                 raise UsageError(f"kubeconfig {path} does not exist; check --kubeconfig or $KUBECONFIG")
+            check_kubeconfig(path)
             api_client = config.new_client_from_config(config_file=str(path))
             _, active = config.list_kube_config_contexts(config_file=str(path))
             context_namespace = (active or {}).get("context", {}).get("namespace") or "default"
@@ -112,9 +184,12 @@ def connect(namespace: str | None = None, kubeconfig: str | None = None) -> Clus
                 "no kubeconfig: set KUBECONFIG or create ~/.kube/config for your cluster "
                 f"(`kubectl config view` shows what kubectl uses); {DEV_CLUSTER_HINT}"
             )
-    except ConfigException as error:
+    except (ConfigException, TypeError, KeyError, AttributeError, ValueError) as error:
+        # What `check_kubeconfig` cannot see (a context naming a missing cluster, a bad field
+        # inside an entry): the client's own words, on one line.
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise UsageError(
-            f"cannot use the kubeconfig {path}: {error}; fix it or pick another context"
+            f"cannot use the kubeconfig {path}: {reason}; fix it or pick another context"
         ) from None
     server = str(api_client.configuration.host)
     return Cluster(api_client=api_client, namespace=namespace or context_namespace, server=server)

@@ -42,6 +42,10 @@ class Request:
     exemplars: tuple[Exemplar, ...] = ()
     seen: frozenset[str] = field(default_factory=frozenset)  # variant hashes and proposal keys
     seed: int = 0
+    # When the loop's wall-time budget ends (time.monotonic()); None: no limit. A policy that
+    # waits on an endpoint stops waiting then, and answers `Proposal.failed` (asked again on
+    # resume).
+    deadline: float | None = None
 
     def messages(self) -> list[dict[str, str]]:
         return build_messages(self.task, self.exemplars, self.device, self.gpu_class)

@@ -141,7 +141,7 @@ class OpenAIPolicy:
         if self._config_error is not None:
             return Proposal.failed("not sent: the endpoint refused an earlier request")
         try:
-            completion = self.complete(request.messages(), seed=request.seed)
+            completion = self.complete(request.messages(), seed=request.seed, deadline=request.deadline)
         except PolicyError as error:
             with self._lock:
                 self._config_error = self._config_error or error
@@ -150,8 +150,11 @@ class OpenAIPolicy:
             return Proposal.failed(str(error))
         return Proposal.from_answer(completion.text, truncated=completion.finish_reason == "length")
 
-    def complete(self, messages: list[dict[str, str]], seed: int | None = None) -> Completion:
-        """One chat completion, with retries; raises PolicyError or _GiveUp when it cannot."""
+    def complete(
+        self, messages: list[dict[str, str]], seed: int | None = None, deadline: float | None = None
+    ) -> Completion:
+        """One chat completion, with retries; raises PolicyError or _GiveUp when it cannot. No
+        request, wait or retry goes past `deadline` (time.monotonic()), the run's budget."""
         body: dict[str, Any] = {
             "model": self.model,
             "messages": messages,
@@ -167,8 +170,11 @@ class OpenAIPolicy:
         data = json.dumps(body).encode("utf-8")
         last = ""
         for attempt in range(self.retries + 1):
+            timeout = self.timeout_s if deadline is None else min(self.timeout_s, deadline - time.monotonic())
+            if timeout <= 0:
+                raise _GiveUp(f"{self.url}: the run's wall time ended before an answer came")
             try:
-                return self._send(data)
+                return self._send(data, timeout)
             except _Retryable as error:
                 last = str(error)
                 if attempt == self.retries:
@@ -176,6 +182,8 @@ class OpenAIPolicy:
                 delay = self.backoff_s * (2**attempt) * (0.5 + random.random())
                 if error.retry_after is not None:
                     delay = max(delay, min(error.retry_after, _MAX_RETRY_AFTER_S))
+                if deadline is not None and time.monotonic() + delay >= deadline:
+                    raise _GiveUp(f"{self.url}: the run's wall time ends before a retry ({last})") from None
                 time.sleep(delay)
         raise _GiveUp(f"{self.url} failed after {self.retries + 1} attempts: {last}")
 
@@ -187,18 +195,18 @@ class OpenAIPolicy:
             headers["Authorization"] = f"Bearer {self._key}"
         return headers
 
-    def _send(self, data: bytes) -> Completion:
+    def _send(self, data: bytes, timeout: float) -> Completion:
         request = urllib.request.Request(self.url, data=data, headers=self._headers(), method="POST")
         started = time.monotonic()
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
                 if self.stream:
-                    return self._read_stream(response, started)
+                    return self._read_stream(response, started, timeout)
                 payload = response.read()
         except urllib.error.HTTPError as error:
             raise self._http_error(error) from None
         except TimeoutError:
-            raise _Retryable(f"no answer within {self.timeout_s:g} s") from None
+            raise _Retryable(f"no answer within {timeout:g} s") from None
         except urllib.error.URLError as error:
             raise _Retryable(f"cannot connect: {error.reason}") from None
         except (ConnectionError, http.client.HTTPException) as error:
@@ -211,14 +219,14 @@ class OpenAIPolicy:
         except (ValueError, KeyError, IndexError, TypeError, AttributeError):
             raise _Retryable(f"unreadable answer: {payload[:200]!r}") from None
 
-    def _read_stream(self, response: Any, started: float) -> Completion:
+    def _read_stream(self, response: Any, started: float, timeout: float) -> Completion:
         parts: list[str] = []
         finish = ""
         done = False
         try:
             for event in _sse_events(response):
-                if time.monotonic() - started > self.timeout_s:
-                    raise _Retryable(f"the stream did not finish within {self.timeout_s:g} s")
+                if time.monotonic() - started > timeout:
+                    raise _Retryable(f"the stream did not finish within {timeout:g} s")
                 if event == "[DONE]":
                     done = True
                     break
@@ -237,7 +245,7 @@ class OpenAIPolicy:
                     if choice.get("finish_reason"):
                         finish = str(choice["finish_reason"])
         except TimeoutError:
-            raise _Retryable(f"the stream stalled for {self.timeout_s:g} s") from None
+            raise _Retryable(f"the stream stalled for {timeout:g} s") from None
         except (ConnectionError, http.client.HTTPException) as error:
             raise _Retryable(f"the stream broke: {error!r}") from None
         if not done and not finish:
