@@ -204,51 +204,28 @@ class EvaluationSettings(Settings):
         default=2,
         ge=1,
         le=4,
-        description="Fresh process pairs (judge and candidate) that time a correct candidate; their "
-        "calls are pooled into one speedup (the geometric mean of the pairs' own) whose interval also "
-        "spans each pair's own. A process keeps a small offset for its whole life (on the H200 1-3 us per "
-        "short call, a few per cent of a 50 us call, and 20% for one cuDNN convolution with the same "
-        "kernels in every process), which no number of rounds inside it averages out; more pairs do. On "
-        "the H200, re-evaluating a candidate agreed within 1.6% and 0.55% at p90 with two pairs (two runs "
-        "of 40 tasks, candidates of 50 us and more) against 2.5-7.5% with one, for a third fewer "
-        "evaluations per hour (docs/evaluator.md). Each pair loads the candidate in fresh processes "
-        "and checks it again (one correctness trial after the first pair), and the pairs after the "
-        "first are the re-check of a speedup at or above speedup_recheck. 1: one pair, as KernelBench.",
+        description="Fresh process pairs (judge and candidate) that time a correct candidate: the speedup is the "
+        "geometric mean of the pairs' own, and its interval spans each pair's. Each pair loads the candidate "
+        "afresh and checks it again; the pairs after the first are the re-check of a speedup at or above "
+        "speedup_recheck. 1: one pair, as KernelBench.",
     )
     timing_processes_max: int | None = Field(
         default=None,
         ge=1,
         le=8,
-        description="More fresh process pairs, up to this many in all, while the pairs' speedups (each "
-        "pair's ratio of medians) spread by more than pair_tolerance, largest over smallest: a candidate "
-        "whose processes disagree is timed until their geometric mean has more processes under it, "
-        "and one whose pairs agree costs nothing more. One more starts only while timeout_seconds has"
-        " room for twice what a pair took. At least timing_processes; equal to it: exactly that many "
-        "pairs. Off by default (`kernelfleet eval serve` sets 4 unless told otherwise): side by side "
-        "on the H200 (with launch_tolerance 0.04) a candidate whose reference takes one of two modes "
-        "per process still came 9% apart, since two pairs can agree on either mode, for 2.7x the "
-        "timing time; without it, on an H100, p90 4.58% against 4.5% for 18% fewer evaluations per "
-        "hour. With reference_processes 4, whose one reference figure leaves the candidate's own "
-        "spread to decide, re-timings on two H100s agreed within p90 1.04% and 1.09% against 1.83% "
-        "and 5.26% for the defaults (docs/evaluator.md). None: exactly timing_processes pairs.",
+        description="Time more fresh process pairs, up to this many in all, while the pairs' speedups spread by "
+        "more than pair_tolerance (largest over smallest); one more starts only while timeout_seconds has "
+        "room for twice what a pair took. At least timing_processes; `kernelfleet eval serve` sets 4. "
+        "None: exactly timing_processes pairs.",
     )
     reference_processes: int | None = Field(
         default=None,
         ge=0,
         le=16,
-        description="Make each task's reference time once per evaluator session: the geometric mean of its "
-        "medians in this many fresh processes (a task's first evaluation times more process pairs until "
-        "it has them). Every candidate of the task is then measured against that figure, so that a "
-        "re-timing differs only by what the candidate does. Every evaluation still times the reference "
-        "beside its candidate, and one whose reference falls outside the pool's range keeps its own paired "
-        "speedup. On an H100, re-timings agreed within p90 2.88% with 4 against 7.66% without (2:61's "
-        "cuDNN reference, whose time has two modes per process: 0.26% against 7.66%), and with "
-        "timing_processes_max 4 as well within 1.04% and 1.09% on two H100s. On 16 candidates of 16 tasks "
-        "it cost 18% of the evaluations per hour; it pays where many candidates share a task (RL, "
-        "optimisation rounds; docs/evaluator.md); with candidates in flight together, each brings its "
-        "own pairs to the pool, and 4 variants of each of 6 tasks cost nothing (1202 against 1173 per "
-        "GPU-hour). `kernelfleet eval serve` sets 4 unless told otherwise; 0 turns it off there. None: "
-        "each evaluation's own pairs, as 0.",
+        description="Time each task's reference once per evaluator session, as the geometric mean of its medians in "
+        "this many fresh processes, and measure every candidate of the task against that figure; an "
+        "evaluation whose own reference falls outside the pool's range keeps its paired speedup. "
+        "`kernelfleet eval serve` sets 4 (0 turns it off there). None: each evaluation's own pairs, as 0.",
     )
     timeout_seconds: float = Field(
         default=300.0,

@@ -143,13 +143,9 @@ class EvalConfig(EvaluationSettings):
         default=1,
         ge=1,
         le=1000,
-        description="Correctness trials in each process pair after the first (timing_processes, "
-        "timing_processes_max, reference_processes): the first pair proved the candidate with "
-        "correctness_trials; a further pair runs the same code in fresh processes to time it, and its "
-        "trials, cache probe, trace and spot-checked timed rounds catch a candidate that behaves "
-        "otherwise there. Each further pair repeated all of correctness before 0.8.6, the largest part "
-        "of a re-timing on tasks with large inputs. The re-check of one pair (timing_processes 1) keeps "
-        "correctness_trials.",
+        description="Correctness trials in each process pair after the first: the first pair proved the candidate "
+        "with correctness_trials, and a further pair checks the same code again in fresh processes before "
+        "timing it. The re-check of a single pair (timing_processes 1) keeps correctness_trials.",
     )
     review_ceiling: float = Field(default=10.0, gt=0, description="Speedups above are flagged.")
     float64_reference: bool = Field(default=False, description="Compare fp32 outputs to an fp64 run.")
@@ -183,32 +179,21 @@ class EvalConfig(EvaluationSettings):
     )
     pin_timing: bool = Field(
         default=True,
-        description="While timing, both sides' timing threads run on one CPU kept for the device (the "
-        "last CPU this process may use for the first GPU, the one before it for the second, ...). The two "
-        "sides take turns, so they never compete for it, and whatever disturbs that CPU disturbs both alike "
-        "(on the CPU device only with cpu_threads=1). "
-        "On the H200, re-timing in a fresh process agreed within 3.4% at p90 pinned and 21-31% unpinned "
-        "(docs/evaluator.md).",
+        description="While timing, both sides' timing threads run on one CPU kept for the device (the last CPU "
+        "this process may use for the first GPU, the one before it for the second, ...), so whatever "
+        "disturbs that CPU disturbs both alike; on the CPU device only with cpu_threads=1.",
     )
     pin_processes: bool = Field(
         default=False,
-        description="Both processes of every process pair run on the CPUs local to their GPU (its "
-        "local_cpulist in sysfs), set before CUDA starts, and the timing CPU is one of them. On the one-node "
-        "H200 machine every CPU is local and a process's launch level did not follow its CPUs "
-        "(docs/evaluator.md); unmeasured where a machine has several NUMA nodes. No effect on the CPU device "
-        "or where the machine does not say which CPUs are local.",
+        description="Run both processes of every process pair on the CPUs local to their GPU (sysfs "
+        "local_cpulist), set before CUDA starts. No effect on the CPU device.",
     )
     launch_tolerance: float | None = Field(
         default=None,
         gt=0,
-        description="On CUDA, each process of a pair first times a chain of 20 tiny kernels, before anything "
-        "loads; one more than this fraction slower than the fastest the device has shown is replaced by a "
-        "fresh process (at most launch_rerolls times), once a second measurement on a quiet device (the "
-        "timing lane held) agrees. On the H200 a process keeps one of two launch levels (about 8% apart) for "
-        "its life, and short calls follow it; side by side, 50-100 us candidates agreed within 1.1-1.6% with "
-        "0.04 against 1.7-4.4% without. On an H100 it cost 21% of the evaluations per GPU-hour and "
-        "re-timings still missed 2% at p90 (docs/evaluator.md), so it is off. None: keep whichever process "
-        "starts.",
+        description="On CUDA, replace a process whose launch of a chain of 20 tiny kernels is more than this "
+        "fraction slower than the fastest the device has shown (at most launch_rerolls times). None: keep "
+        "whichever process starts.",
     )
     pair_tolerance: float = Field(
         default=0.02,
@@ -234,48 +219,33 @@ class EvalConfig(EvaluationSettings):
     )
     timing_clock: Literal["device", "stream"] = Field(
         default="stream",
-        description="How a timed call is read on CUDA. 'stream' (the default): KernelBench's start and end "
-        "events on the caller's stream; the host then waits for the whole device, and a candidate whose "
-        "wait exceeds the reference's by more than max(15 us, 10%) left work on other streams and is "
-        "rejected (side-stream). 'device' (evaluator 0.5.0): the end event is recorded after a device-wide "
-        "synchronisation, so the sample also holds the host's 10-30 us of latency in noticing the end, "
-        "which differs from process to process. docs/evaluator.md compares the two on the H200.",
+        description="How a timed call is read on CUDA: 'stream', KernelBench's start and end events on the "
+        "caller's stream, then a device-wide wait whose excess over the reference's rejects work left on "
+        "other streams; 'device', the end event recorded after a device-wide synchronisation (evaluator 0.5.0).",
     )
     timing_lead_us: float = Field(
         default=1000.0,
         ge=0,
         le=20000,
-        description="At least this many microseconds of real GPU work (writes of the cache-flush buffer, "
-        "the flush last) queued before each timed call of both sides, with no wait between, so that the "
-        "call's launches queue behind it as when the CPU runs ahead of the GPU in a loop. A call made "
-        "after the host idled a few milliseconds, as every timed call is between two rounds' exchanges, "
-        "reached the idle H200 up to 0.2 ms late, by an amount that changed from process to process; "
-        "behind the lead the same call timed alike after any wait. CPU launch time beyond the lead "
-        "still counts; within it, it does not. 0: none (evaluator 0.5.0).",
+        description="Microseconds of real GPU work (writes of the cache-flush buffer, the flush last) queued before "
+        "each timed call of both sides, so that the call's launches queue behind it as in a loop; CPU "
+        "launch time beyond the lead still counts. 0: none (evaluator 0.5.0).",
     )
     timing_primer_ms: float = Field(
         default=0.0,
         ge=0,
-        description="When either side's warm-up calls take under this many milliseconds, each timed call "
-        "of both sides is preceded by one untimed call of the same model on the last round's input values "
-        "(never the values it is timed on): the timed call then starts warm, as KernelBench's back-to-back "
-        "calls do, instead of after a wait for the other side's turn, which on the H200 made a 0.1 ms "
-        "matmul time 0.17-0.29 ms. Off by default: side by side on the H200 it lowered small kernels' "
-        "medians but not the disagreement of re-timings (p90 4.0% primed, 3.6% not, 29 pairs). 0: never "
-        "(docs/evaluator.md).",
+        description="When either side's warm-up calls take under this many milliseconds, each timed call of both "
+        "sides follows one untimed call of the same model on the last round's inputs. 0: never.",
     )
     exclusive_timing: bool = Field(
         default=True,
-        description="While a candidate times a batch of rounds, the other candidates' GPU steps on that "
-        "device wait (their loading runs on). False: correctness overlaps timing, for more evaluations "
-        "per hour (docs/evaluator.md has the H200's figures).",
+        description="While a candidate times a batch of rounds, the other candidates' GPU steps on that device "
+        "wait (their loading runs on). False: correctness overlaps timing.",
     )
     reference_reuse: bool = Field(
         default=False,
-        description="Time a task's reference once per device and evaluator session, then only on every "
-        "4th round as a drift check. Off by default: on the H200, correctness work of the other slots "
-        "moves the reference by more than reference_drift, so every check failed and re-timed paired "
-        "(docs/evaluator.md). False: every evaluation times both sides on every round.",
+        description="Time a task's reference once per device and evaluator session, then only on every 4th round "
+        "as a drift check (reference_drift). False: every evaluation times both sides on every round.",
     )
     reference_drift: float = Field(
         default=0.02,
@@ -286,10 +256,8 @@ class EvalConfig(EvaluationSettings):
     lane_slots: int | None = Field(
         default=None,
         ge=1,
-        description="Candidate processes per device at once (loading and correctness overlap; timing "
-        "is exclusive); None: 4 on a GPU, 1 on the CPU. On the H200, 40 published kernels: the timing lane "
-        "busy 75% of the time candidates waited with 4, 85% with 6 and 93% with 8, for 1125, 1182 and 998 "
-        "evaluations per GPU-hour: correctness waits while another slot times (docs/evaluator.md).",
+        description="Candidate processes per device at once (loading and correctness overlap; timing is "
+        "exclusive). None: 4 on a GPU, 1 on the CPU.",
     )
     seed: int | None = Field(default=None, description="None: a fresh random seed per evaluation.")
     flush_bytes: int | None = Field(

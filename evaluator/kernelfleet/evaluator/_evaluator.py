@@ -115,7 +115,7 @@ def pool_pairs(
     """One speedup from several fresh process pairs (`timing_processes`): the geometric mean of the
     pairs' own speedups (ratio of medians), so that each process's offset counts once. Pooling
     the calls and taking one median instead snaps to one mode when a call has two (2:61's cuDNN
-    convolution on the H200: 0.284 or 0.338 ms by process), where the mean in log space averages
+    convolution: 0.284 or 0.338 ms by process), where the mean in log space averages
     them. The interval is the geometric mean of the pairs' own bootstrap intervals, widened to
     hold every pair's speedup: rounds inside one pair never show its process's offset, the pairs'
     spread does. Each side's timing holds all its calls, its median being the geometric mean of
@@ -188,7 +188,7 @@ def uneven_spread(reference: Timing, candidate: Timing) -> str | None:
     moves that side (the host and its kernel launches, the machine's load; kernelbench-v0 keeps
     autograd on in the reference) does not move the other, so pairing cannot cancel it, and the
     same candidate can be faster or slower against it under another load by more than its
-    interval says. On the H200, 3:28's reference spread 17-20% round to round (its candidate
+    interval says. On a GPU, 3:28's reference spread 17-20% round to round (its candidate
     0.2%) and timed 1.47 ms in the pipeline, 2.90 ms one evaluation at a time."""
     shares = {
         side: timing.iqr_ms / timing.median_ms
@@ -588,7 +588,7 @@ class Evaluator:
     def _sandbox_slots(self) -> int:
         """Scratch slots in the sandbox, each a tmpfs of `scratch_bytes` of its own: one for each
         judge and candidate the devices run at once, each build, and a judge-only job (baselines,
-        the GPU probe). With one shared tmpfs, four slots of level-1 tasks filled it on the H200
+        the GPU probe). With one shared tmpfs, four slots of level-1 tasks filled it on a GPU
         (judges and harnesses failed with "No space left on device" and candidates were
         blamed), and a hostile candidate could fill it on purpose to break its neighbours. A
         tmpfs takes memory only for what is written."""

@@ -92,10 +92,9 @@ def launch_level_us(device: torch.device) -> float:
     real GPU work (so the CPU's launch time is hidden): the fastest of 25 rounds. Run in a fresh
     process before anything else loads (its context is made here).
 
-    Why: on the H200 a process keeps one of two levels for such a chain for its whole life (about
-    36.5 or 39.5 us, by process, wherever its CPUs or its memory lie), and every short call it times
-    carries the same offset: 50-100 us KernelBench calls followed the chain's level with a
-    correlation of 0.69-0.90 over 14 processes (docs/evaluator.md). The judge and the candidate are
+    Why: a process can keep one of two levels for such a chain for its whole life, wherever its
+    CPUs or its memory lie, and every short call it times carries the same offset
+    (docs/evaluator.md). The judge and the candidate are
     two processes, so two levels make a speedup a few per cent apart from one process pair to the
     next. The fastest round, not the median: a neighbour's kernels can only make a round slower."""
     if device.type != "cuda":  # the CPU has no such levels; a wall clock keeps the step testable
@@ -113,7 +112,7 @@ def launch_level_us(device: torch.device) -> float:
     start, end = CudaEvent(enable_timing=True), CudaEvent(enable_timing=True)
     best = math.inf
     for round_ in range(_CHAIN_ROUNDS + 3):  # three warm-up rounds
-        for _ in range(12):  # ~0.15 ms of writes on the H200: longer than launching the chain
+        for _ in range(12):  # longer than launching the chain
             lead.zero_()
         start.record()
         for _ in range(_CHAIN_KERNELS):
@@ -182,9 +181,9 @@ class _Clock:
     `lead_us` queues at least that many microseconds of real GPU work (writes of the cache-flush
     buffer, the last of them the flush itself) in front of the start event, with no wait on the
     host between them and the call, so that the call's launches queue behind it, as when the CPU
-    runs ahead of the GPU in a loop. On the H200 a call made after the host had idled a few
-    milliseconds (as every timed call is, between two rounds' exchanges) reached the idle GPU up
-    to 0.2 ms late, by an amount that changed from process to process; neither a one-thread GPU
+    runs ahead of the GPU in a loop. A call made after the host had idled a few milliseconds (as
+    every timed call is, between two rounds' exchanges) reached the idle GPU late, by an amount
+    that changed from process to process; neither a one-thread GPU
     spin nor 3 ms of real work waited for on the host before the call helped. Behind the lead the
     same call timed alike after any wait. Launch time beyond the lead still counts. The judge
     measures how many writes make the lead (`reps`) and the candidate's side makes as many."""
@@ -254,7 +253,7 @@ class _Clock:
         if self.mode == "stream":
             self.naive_end.synchronize()
             # The wait for the rest of the device, less what a wait costs when nothing is left
-            # (a second one right after): 20-25 us on the H200, and as unsteady as the host.
+            # (a second one right after), as unsteady as the host.
             first = perf_counter()
             cuda_synchronize(self.device)
             second = perf_counter()
@@ -287,9 +286,7 @@ def clock_for(request: dict[str, Any], device: torch.device, flush: torch.Tensor
 
 def wants_primer(warm: dict[str, list[float]], below_ms: float) -> bool:
     """Whether the timed calls get a primer: when either side's warm-up calls took under
-    `below_ms` at the median. A call after a wait starts late by about 0.1 ms (a 0.1 ms matmul
-    timed 0.17-0.29 ms after 0.5-50 ms waits on the H200, 0.10 ms right after a call): a share
-    only short calls feel, while a primer doubles every round's cost. Both sides or neither, so
+    `below_ms` at the median. A call after a wait starts late: a share only short calls feel, while a primer doubles every round's cost. Both sides or neither, so
     the two are always timed alike; `below_ms` 0 never; no warm-up figures, always."""
     if below_ms <= 0:
         return False

@@ -47,10 +47,9 @@ EVAL_OPTIONS = ModelOptions(
     only=["device", *EvaluationSettings.model_fields, "isolation", "float64_reference", "seed"],
 )
 # `eval serve` is one long session over many candidates of each task (an RL group, optimisation
-# rounds): the case that a reference pool and more pairs where pairs disagree pay for. Side by side
-# on an H100 they kept re-timings within p90 1.04% and 1.09% (defaults 1.83% and 5.26%) and cost 10%
-# with 4 candidates per task (docs/evaluator.md). A flag, a request's options or a job's spec
-# overrides them; `--reference-processes 0` turns the pool off.
+# rounds): the case that a reference pool and more pairs where pairs disagree pay for (the figures
+# are in docs/measurements.md). A flag, a request's options or a job's spec overrides them;
+# `--reference-processes 0` turns the pool off.
 SERVE_DEFAULTS: dict[str, Any] = {"reference_processes": 4, "timing_processes_max": 4}
 SERVE_OPTIONS = ModelOptions(
     EvalConfig,

@@ -144,3 +144,15 @@ def test_a_reference_pool_of_one_process_is_refused_and_zero_is_off() -> None:
     assert EvaluationSettings(reference_processes=0).reference_processes == 0
     with pytest.raises(ValueError, match=r"reference_processes 1 .* set 0 \(off\) or 2 and more"):
         EvaluationSettings(reference_processes=1)
+
+
+def test_help_says_what_a_setting_does_never_a_measured_figure() -> None:
+    """Field help (and so CLI help and the CRDs' descriptions) names no GPU model and quotes no
+    measured share: figures live in docs/measurements.md, where they can be dated and sourced."""
+    import re
+
+    measured = re.compile(r"\bH[12]00s?\b|\bp90\b|\d+\.\d+%|per (GPU-)?hour")
+    for model in (Budget, EvaluationSettings, EvalConfig, LoopSettings):
+        for name, info in model.model_fields.items():
+            text = info.description or ""
+            assert not measured.search(text), f"{model.__name__}.{name}: {text}"
