@@ -153,27 +153,6 @@ MODES: dict[str, Mode] = {
             about="evaluate_batch, each candidate timed in one process pair (evaluator 0.7.0's default)",
         ),
         Mode(
-            "pipeline-local-cpus",
-            "batch",
-            {"pin_processes": True},
-            needs_field="pin_processes",
-            about="evaluate_batch, both processes of a pair on the CPUs local to the GPU from their start",
-        ),
-        Mode(
-            "pipeline-launch-level",
-            "batch",
-            {"launch_tolerance": 0.04},
-            needs_field="launch_tolerance",
-            about="evaluate_batch, a process slower to launch than the fastest replaced before it loads",
-        ),
-        Mode(
-            "pipeline-any-launch-level",
-            "batch",
-            {"launch_tolerance": None},
-            needs_field="launch_tolerance",
-            about="evaluate_batch, whatever launch level a process starts with kept (evaluator 0.8.0)",
-        ),
-        Mode(
             "pipeline-more-pairs",
             "batch",
             {"timing_processes_max": 4},
@@ -437,9 +416,6 @@ def run_evaluator_mode(
         lane=lanes.summary(),
         timing_lane_busy_share=metrics.get("timing_lane_busy_share"),
         lane_active_share=metrics.get("lane_active_share"),
-        launch_processes=metrics.get("launch_processes"),
-        launch_replaced=metrics.get("launch_replaced"),
-        launch_rechecked=metrics.get("launch_rechecked"),
         nvidia_smi_mean_utilization_pct=util.mean,
         nvidia_smi_sm_clock_mhz=util.clock_mhz,
         # Each candidate's own seconds per stage: where a batch's tail comes from.
@@ -878,10 +854,6 @@ def repeat_run(
     for run in runs:
         run["nvidia_smi_mean_utilization_pct"] = util.mean
         run["nvidia_smi_sm_clock_mhz"] = util.clock_mhz
-        # The evaluator's, over every setting of the run: processes measured for launch_tolerance, replaced.
-        run["launch_processes"] = snapshot.get("launch_processes")
-        run["launch_replaced"] = snapshot.get("launch_replaced")
-        run["launch_rechecked"] = snapshot.get("launch_rechecked")
     return runs
 
 
@@ -1043,9 +1015,6 @@ def throughput_markdown(t: dict[str, Any]) -> list[str]:
             f"{cell(m['verdicts'])} |"
         )
     lines.append("")
-    for name, m in modes.items():
-        if m.get("launch_processes"):
-            lines.append(f"- {name}: {launch_note(m)}")
     for name, value in t.get("ratios", {}).items():
         lines.append(f"- {name}: {cell(value)}x")
     for note in t.get("notes", []):
@@ -1191,7 +1160,6 @@ def markdown(report: dict[str, Any]) -> str:
             f"{cell(r.get('nvidia_smi_mean_utilization_pct'))}%"
             f"{clock_note(r.get('nvidia_smi_sm_clock_mhz'))}; "
             f"timing seconds per evaluation (median) {cell(r.get('timing_seconds_per_evaluation'))}"
-            + (f"; {launch_note(r)} (all settings)" if r.get("launch_processes") else "")
             + ".",
             "",
             "| task | first | second | disagreement | candidate time disagreement | candidate ms "
@@ -1228,17 +1196,6 @@ def split_samples(report: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str
             ]
             runs.append({"settings": run.get("settings", {}), "rows": timed})
     return plain, [run for run in runs if run["rows"]]
-
-
-def launch_note(part: dict[str, Any]) -> str:
-    """How many fresh processes launch_tolerance measured and replaced, over the devices."""
-    measured = sum(part.get("launch_processes", {}).values())
-    replaced = sum((part.get("launch_replaced") or {}).values())
-    rechecked = sum((part.get("launch_rechecked") or {}).values())
-    return (
-        f"{replaced} of {measured} processes replaced for a slow launch level "
-        f"({rechecked} levels measured again on a quiet device first)"
-    )
 
 
 def config_overrides(text: str) -> dict[str, str | None]:

@@ -327,39 +327,6 @@ def test_a_batch_over_all_gpus() -> None:
     assert all(r.environment.gpu_class not in ("cpu", "") for r in results)
 
 
-def test_pinned_processes_run_on_the_cpus_local_to_the_gpu() -> None:
-    """pin_processes on a real GPU: the lane knows its GPU's local CPUs (sysfs, by the PCI
-    address the probe reports), a child starts on them, and an evaluation still times."""
-    config = EvalConfig(**{**GPU, "pin_processes": True})
-    with Evaluator(config) as evaluator:
-        lane = evaluator._probe_lanes()[0]
-        if not lane.local_cpus:
-            pytest.skip("this machine does not say which CPUs are local to the GPU")
-        probe = evaluator._judge_job({"op": "probe", "config": config.model_dump(mode="json")}, lane, 120)
-        assert probe.answer is not None and probe.answer["cpus"] == list(lane.local_cpus)
-        result = evaluator.evaluate(Task(name="gpu", code=C.MATMUL_TASK), C.HONEST)
-    assert result.verdict == Verdict.CORRECT, result.reasons
-    assert result.environment.evaluator_version.endswith(".localcpus")
-
-
-def test_launch_levels_are_measured_on_the_gpu_and_the_evaluation_times() -> None:
-    """launch_tolerance on a real GPU: every process of the pairs measures its launch level before
-    it loads anything, the lane's floor learns the fastest, and the evaluations still time. Which
-    processes were replaced is the machine's business: the test only holds the bookkeeping to what
-    ran."""
-    config = EvalConfig(**{**GPU, "launch_tolerance": 0.04, "timing_processes": 2})
-    with Evaluator(config) as evaluator:
-        results = [evaluator.evaluate(Task(name="gpu", code=C.MATMUL_TASK), C.HONEST) for _ in range(2)]
-        floor = evaluator._probe_lanes()[0].launch
-    assert all(r.verdict == Verdict.CORRECT for r in results), [r.reasons for r in results]
-    assert all(r.speedup is not None and "launch_level" in r.stages for r in results)
-    assert floor.best_us is not None and floor.best_us > 0
-    # two evaluations of two pairs: 8 processes kept, each after at most 3 replacements
-    assert 8 <= floor.processes <= 8 * (1 + config.launch_rerolls)
-    assert floor.replaced == floor.processes - 8
-    assert results[0].environment.evaluator_version.endswith(".launch0.04")
-
-
 def test_device_tensors_cross_the_exchange_files_bit_for_bit(tmp_path: Any) -> None:
     """Exchange files from and to the GPU go through pinned host memory: the same bytes come back,
     for a non-contiguous view, a 0-dim loss, bfloat16 and an empty tensor, twice in a row (the

@@ -183,18 +183,6 @@ class EvalConfig(EvaluationSettings):
         "this process may use for the first GPU, the one before it for the second, ...), so whatever "
         "disturbs that CPU disturbs both alike; on the CPU device only with cpu_threads=1.",
     )
-    pin_processes: bool = Field(
-        default=False,
-        description="Run both processes of every process pair on the CPUs local to their GPU (sysfs "
-        "local_cpulist), set before CUDA starts. No effect on the CPU device.",
-    )
-    launch_tolerance: float | None = Field(
-        default=None,
-        gt=0,
-        description="On CUDA, replace a process whose launch of a chain of 20 tiny kernels is more than this "
-        "fraction slower than the fastest the device has shown (at most launch_rerolls times). None: keep "
-        "whichever process starts.",
-    )
     pair_tolerance: float = Field(
         default=0.02,
         gt=0,
@@ -208,20 +196,11 @@ class EvalConfig(EvaluationSettings):
         "median may lie and still be measured against the pool (reference_processes, in the evaluation "
         "settings); the most a pool can move a speedup beyond what its processes showed.",
     )
-    launch_rerolls: int = Field(
-        default=3, ge=0, le=10, description="Fresh processes tried, at most, in place of one slow to launch."
-    )
     keep_samples: bool = Field(
         default=False,
         description="Keep every timed call's milliseconds in the result (Timing.samples_ms), for plots and "
         "for re-analysing a timing; off by default, because results are stored and cached. A result "
         "served from a result cache has them only if it was measured with them.",
-    )
-    timing_clock: Literal["device", "stream"] = Field(
-        default="stream",
-        description="How a timed call is read on CUDA: 'stream', KernelBench's start and end events on the "
-        "caller's stream, then a device-wide wait whose excess over the reference's rejects work left on "
-        "other streams; 'device', the end event recorded after a device-wide synchronisation (evaluator 0.5.0).",
     )
     timing_lead_us: float = Field(
         default=1000.0,
@@ -230,12 +209,6 @@ class EvalConfig(EvaluationSettings):
         description="Microseconds of real GPU work (writes of the cache-flush buffer, the flush last) queued before "
         "each timed call of both sides, so that the call's launches queue behind it as in a loop; CPU "
         "launch time beyond the lead still counts. 0: none (evaluator 0.5.0).",
-    )
-    timing_primer_ms: float = Field(
-        default=0.0,
-        ge=0,
-        description="When either side's warm-up calls take under this many milliseconds, each timed call of both "
-        "sides follows one untimed call of the same model on the last round's inputs. 0: never.",
     )
     exclusive_timing: bool = Field(
         default=True,
@@ -309,16 +282,10 @@ class EvalConfig(EvaluationSettings):
         because they change what a millisecond means; results are cached by version."""
         suffix = str(self.profile) + (".kernel" if self.require_kernel else "")
         defaults = type(self).model_fields
-        if self.timing_clock != defaults["timing_clock"].default:
-            suffix += f".{self.timing_clock}"
         if self.timing_lead_us != defaults["timing_lead_us"].default:
             suffix += f".lead{self.timing_lead_us:g}us"
         if self.timing_processes != defaults["timing_processes"].default:
             suffix += f".pairs{self.timing_processes}"
-        if self.pin_processes:
-            suffix += ".localcpus"
-        if self.launch_tolerance != defaults["launch_tolerance"].default:
-            suffix += f".launch{self.launch_tolerance}"
         if self.timing_processes_max is not None and self.timing_processes_max > self.timing_processes:
             suffix += f".pairsmax{self.timing_processes_max}@{self.pair_tolerance}"
         if self.retime_correctness_trials != defaults["retime_correctness_trials"].default:

@@ -43,13 +43,13 @@ from kernelfleet.core.models import Environment, EvaluationResult, ResultKey, Ta
 from kernelfleet.evaluator._cache import ResultCache
 from kernelfleet.evaluator._config import EvalConfig
 from kernelfleet.evaluator._devicelock import DeviceLock
-from kernelfleet.evaluator._environment import gpu_class, host_name, local_cpus
+from kernelfleet.evaluator._environment import gpu_class, host_name
 from kernelfleet.evaluator._gpugate import GpuGate
 from kernelfleet.evaluator._ops import needs_native_build
 from kernelfleet.evaluator._protocol import Evaluation, Outcome, Sides
 from kernelfleet.evaluator._reference_pool import ReferencePool, ReferencePools
 from kernelfleet.evaluator._sandbox import Sandbox, Walls, detect, resolve_level, sandbox_for
-from kernelfleet.evaluator._timing import LaunchFloor, speedup_interval, stats
+from kernelfleet.evaluator._timing import speedup_interval, stats
 
 _LOG_LIMIT = 4000
 SLOW_AFTER_S = 60.0  # an evaluation running this long is named in the progress (and again after as long)
@@ -301,14 +301,11 @@ class _Lane:
         visible: str | None,
         environment: Environment,
         arch: str | None,
-        local_cpus: tuple[int, ...] = (),
     ) -> None:
         self.index = index
         self.visible = visible
         self.environment = environment
         self.arch = arch
-        self.local_cpus = local_cpus  # the CPUs local to this GPU that we may use; (): not known
-        self.launch = LaunchFloor()  # the fastest launch level its processes have shown
         self.timing = threading.Lock()
         self.gate = GpuGate()  # other evaluations' GPU steps wait while one times
 
@@ -317,21 +314,11 @@ class _Lane:
         """The device's name across processes of this machine (its machine-wide lock)."""
         return "cpu" if self.visible is None else f"cuda-{self.visible}"
 
-    def pinned_cpus(self, config: EvalConfig) -> tuple[int, ...]:
-        """The CPUs this device's evaluation processes run on: its local ones under
-        EvalConfig.pin_processes, else () (anywhere)."""
-        return self.local_cpus if config.pin_processes else ()
-
-    def launch_floor(self, config: EvalConfig) -> LaunchFloor | None:
-        """The floor a new process's launch level is held to (EvalConfig.launch_tolerance): on a
-        GPU only, where processes keep a launch level for life; None: keep every process."""
-        return self.launch if self.visible is not None and config.launch_tolerance is not None else None
-
     def timing_cpu(self, config: EvalConfig) -> int:
         """The CPU this device's timings run on under EvalConfig.pin_timing: counting down from
         the last CPU its processes may use, one per device, so that every evaluator process of
         the machine picks the same one for the same device."""
-        cpus = self.pinned_cpus(config) or tuple(sorted(os.sched_getaffinity(0)))
+        cpus = tuple(sorted(os.sched_getaffinity(0)))
         return cpus[-1 - self.index % len(cpus)]
 
 
@@ -365,7 +352,6 @@ class Metrics:
         self.building = 0
         self.running = 0
         self.cancelled = 0
-        self.launch_floors: dict[int, LaunchFloor] = {}  # lane -> its floor (EvalConfig.launch_tolerance)
 
     def add(self, **changes: int) -> None:
         with self._lock:
@@ -425,15 +411,6 @@ class Metrics:
                 "timing_lane_busy_s": {str(k): round(v, 3) for k, v in timing.items()},
                 "timing_lane_busy_share": {str(k): round(v / elapsed, 4) for k, v in timing.items()},
                 "lane_active_share": {str(k): round(v / elapsed, 4) for k, v in active.items()},
-                # Processes whose launch level was measured, and those replaced for it (per lane).
-                "launch_processes": {
-                    str(k): f.processes for k, f in self.launch_floors.items() if f.processes
-                },
-                "launch_replaced": {str(k): f.replaced for k, f in self.launch_floors.items() if f.processes},
-                # ... and those measured again on a quiet device before a replacement.
-                "launch_rechecked": {
-                    str(k): f.rechecked for k, f in self.launch_floors.items() if f.processes
-                },
             }
 
 
@@ -510,7 +487,6 @@ class Evaluator:
         with self._lanes_lock:
             if self._lanes is None:
                 self._lanes = self._make_lanes()
-                self.metrics.launch_floors = {lane.index: lane.launch for lane in self._lanes}
             return self._lanes
 
     def _make_lanes(self) -> list[_Lane]:
@@ -565,9 +541,7 @@ class Evaluator:
                 evaluator_version=self.config.result_version,
                 host=host_name(),
             )
-            bus = info.get("pci_bus_id")
-            local = local_cpus(bus) if bus else ()
-            lanes.append(_Lane(position, physical[index], env, info.get("capability"), local))
+            lanes.append(_Lane(position, physical[index], env, info.get("capability")))
         return lanes
 
     # -- the sandbox
@@ -608,9 +582,8 @@ class Evaluator:
             # A C++/CUDA candidate loads its extension from its own build directory (keyed by its
             # source: no other code's build is there), and may touch it there.
             write=(env["TORCH_EXTENSIONS_DIR"],) if "TORCH_EXTENSIONS_DIR" in env else (),
-            cpus=lane.pinned_cpus(config) if lane else (),
         )
-        judge = Walls(seccomp=report.seccomp, cpus=lane.pinned_cpus(config) if lane else ())
+        judge = Walls(seccomp=report.seccomp)
         child_env = dict(env)
         if lane is not None and lane.visible is not None:
             child_env["CUDA_VISIBLE_DEVICES"] = lane.visible
@@ -851,7 +824,6 @@ class Evaluator:
                 keep_reference=self._keep_reference(item, lane) if config.reference_reuse else None,
                 gpu_gate=lane.gate if config.exclusive_timing else None,
                 timing_cpu=lane.timing_cpu(config) if self._pins_timing(config, lane) else None,
-                launch_floor=lane.launch_floor(config),
             )
             outcome = evaluation.run()
         finally:
@@ -1031,7 +1003,7 @@ class Evaluator:
         build_dir = self._build_dir(item.code, lane)
         build_dir.mkdir(parents=True, exist_ok=True)
         sides = self._sides(config, lane, self._env(item.code, lane))
-        jobs = build_jobs(len(sides.candidate.cpus) or len(os.sched_getaffinity(0)), self._compile_workers())
+        jobs = build_jobs(len(os.sched_getaffinity(0)), self._compile_workers())
         env = {**sides.env, "MAX_JOBS": os.environ.get("MAX_JOBS", str(jobs))}
         sides = dataclasses.replace(sides, env=env)
         walls = dataclasses.replace(sides.candidate, write=(str(build_dir),))

@@ -59,7 +59,7 @@ class ReferencePools:
     one task (a GRPO group, a round of variants) fills the pool from their ordinary pairs: without
     promises each of them saw the whole pool missing and timed extra pairs for it: with 4
     candidates per task they took 1.9x the timing lane's seconds per candidate
-    (docs/evaluator.md). An evaluation that has offered its medians waits
+    (docs/measurements.md). An evaluation that has offered its medians waits
     for the promises still out, and times more pairs itself only when they end without a pool."""
 
     def __init__(self) -> None:

@@ -351,13 +351,9 @@ class Walls:
     file_bytes: int | None = None
     processes: int | None = None
     write: tuple[str, ...] = ()
-    # The CPUs the child runs on, set before anything else it does (EvalConfig.pin_processes):
-    # before CUDA starts, so that the driver's host-side buffers are made there. (): as the sandbox.
-    cpus: tuple[int, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "cpus": list(self.cpus),
             "landlock": self.landlock,
             "seccomp": self.seccomp,
             "read": read_paths() if self.landlock else [],

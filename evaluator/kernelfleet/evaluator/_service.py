@@ -277,24 +277,6 @@ class EvaluationService:
             [(f'{{lane="{k}"}}', v) for k, v in snap["lane_active_share"].items()],
         )
         metric(
-            "kernelfleet_eval_launch_processes_total",
-            "counter",
-            "Fresh processes whose launch level was measured (EvalConfig.launch_tolerance), per device.",
-            [(f'{{lane="{k}"}}', float(v)) for k, v in snap["launch_processes"].items()],
-        )
-        metric(
-            "kernelfleet_eval_launch_replaced_total",
-            "counter",
-            "Of those, processes replaced for launching slower than the device's fastest.",
-            [(f'{{lane="{k}"}}', float(v)) for k, v in snap["launch_replaced"].items()],
-        )
-        metric(
-            "kernelfleet_eval_launch_rechecked_total",
-            "counter",
-            "Launch levels measured again on a quiet device before a process would be replaced.",
-            [(f'{{lane="{k}"}}', float(v)) for k, v in snap["launch_rechecked"].items()],
-        )
-        metric(
             "kernelfleet_eval_stage_seconds_total",
             "counter",
             "Seconds spent per evaluation stage, summed over evaluations.",
