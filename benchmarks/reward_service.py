@@ -85,7 +85,7 @@ for part in ("core", "evaluator"):
     if str(ROOT / part) not in sys.path:
         sys.path.insert(0, str(ROOT / part))
 
-from gpu_evaluator import UtilizationSampler, commit, tree_env  # noqa: E402
+from _common import UtilizationSampler, commit, tree_env  # noqa: E402
 
 from kernelfleet.core import reasons as R  # noqa: E402
 from kernelfleet.core.errors import EvaluationCancelled  # noqa: E402

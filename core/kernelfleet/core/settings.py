@@ -204,27 +204,27 @@ class EvaluationSettings(Settings):
         default=2,
         ge=1,
         le=4,
-        description="Fresh process pairs (judge and candidate) that time a correct candidate: the speedup is the "
-        "geometric mean of the pairs' own, and its interval spans each pair's. Each pair loads the candidate "
-        "afresh and checks it again; the pairs after the first are the re-check of a speedup at or above "
-        "speedup_recheck. 1: one pair, as KernelBench.",
+        description="Fresh process pairs (judge and candidate) that time a correct candidate: the speedup is "
+        "the geometric mean of the pairs' own, and its interval spans each pair's. Each pair loads the "
+        "candidate afresh and checks it again; the pairs after the first are the re-check of a speedup at or "
+        "above speedup_recheck. 1: one pair, as KernelBench.",
     )
     timing_processes_max: int | None = Field(
         default=None,
         ge=1,
         le=8,
-        description="Time more fresh process pairs, up to this many in all, while the pairs' speedups spread by "
-        "more than pair_tolerance (largest over smallest); one more starts only while timeout_seconds has "
-        "room for twice what a pair took. At least timing_processes; `kernelfleet eval serve` sets 4. "
-        "None: exactly timing_processes pairs.",
+        description="Time more fresh process pairs, up to this many in all, while the pairs' speedups spread "
+        "by more than pair_tolerance (largest over smallest); one more starts only while timeout_seconds has "
+        "room for twice what a pair took. At least timing_processes; `kernelfleet eval serve` sets 4. None: "
+        "exactly timing_processes pairs.",
     )
     reference_processes: int | None = Field(
         default=None,
         ge=0,
         le=16,
-        description="Time each task's reference once per evaluator session, as the geometric mean of its medians in "
-        "this many fresh processes, and measure every candidate of the task against that figure; an "
-        "evaluation whose own reference falls outside the pool's range keeps its paired speedup. "
+        description="Time each task's reference once per evaluator session, as the geometric mean of its "
+        "medians in this many fresh processes, and measure every candidate of the task against that figure; "
+        "an evaluation whose own reference falls outside the pool's range keeps its paired speedup. "
         "`kernelfleet eval serve` sets 4 (0 turns it off there). None: each evaluation's own pairs, as 0.",
     )
     timeout_seconds: float = Field(

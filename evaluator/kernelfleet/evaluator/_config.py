@@ -143,9 +143,9 @@ class EvalConfig(EvaluationSettings):
         default=1,
         ge=1,
         le=1000,
-        description="Correctness trials in each process pair after the first: the first pair proved the candidate "
-        "with correctness_trials, and a further pair checks the same code again in fresh processes before "
-        "timing it. The re-check of a single pair (timing_processes 1) keeps correctness_trials.",
+        description="Correctness trials in each process pair after the first: the first pair proved the "
+        "candidate with correctness_trials, and a further pair checks the same code again in fresh processes "
+        "before timing it. The re-check of a single pair (timing_processes 1) keeps correctness_trials.",
     )
     review_ceiling: float = Field(default=10.0, gt=0, description="Speedups above are flagged.")
     float64_reference: bool = Field(default=False, description="Compare fp32 outputs to an fp64 run.")
@@ -179,8 +179,8 @@ class EvalConfig(EvaluationSettings):
     )
     pin_timing: bool = Field(
         default=True,
-        description="While timing, both sides' timing threads run on one CPU kept for the device (the last CPU "
-        "this process may use for the first GPU, the one before it for the second, ...), so whatever "
+        description="While timing, both sides' timing threads run on one CPU kept for the device (the last "
+        "CPU this process may use for the first GPU, the one before it for the second, ...), so whatever "
         "disturbs that CPU disturbs both alike; on the CPU device only with cpu_threads=1.",
     )
     pair_tolerance: float = Field(
@@ -206,19 +206,19 @@ class EvalConfig(EvaluationSettings):
         default=1000.0,
         ge=0,
         le=20000,
-        description="Microseconds of real GPU work (writes of the cache-flush buffer, the flush last) queued before "
-        "each timed call of both sides, so that the call's launches queue behind it as in a loop; CPU "
+        description="Microseconds of real GPU work (writes of the cache-flush buffer, the flush last) queued "
+        "before each timed call of both sides, so that the call's launches queue behind it as in a loop; CPU "
         "launch time beyond the lead still counts. 0: none (evaluator 0.5.0).",
     )
     exclusive_timing: bool = Field(
         default=True,
-        description="While a candidate times a batch of rounds, the other candidates' GPU steps on that device "
-        "wait (their loading runs on). False: correctness overlaps timing.",
+        description="While a candidate times a batch of rounds, the other candidates' GPU steps on that "
+        "device wait (their loading runs on). False: correctness overlaps timing.",
     )
     reference_reuse: bool = Field(
         default=False,
-        description="Time a task's reference once per device and evaluator session, then only on every 4th round "
-        "as a drift check (reference_drift). False: every evaluation times both sides on every round.",
+        description="Time a task's reference once per device and evaluator session, then only on every 4th "
+        "round as a drift check (reference_drift). False: every evaluation times both sides on every round.",
     )
     reference_drift: float = Field(
         default=0.02,
