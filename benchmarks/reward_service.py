@@ -829,7 +829,6 @@ def repeat_run(
         results = {
             index: [finished(f) if f.done() else None for f in futures] for index, futures in retimes.items()
         }
-        snapshot = evaluator.metrics.snapshot()
     runs = []
     for number, setting in enumerate(settings):
         pairs = []
@@ -1159,8 +1158,7 @@ def markdown(report: dict[str, Any]) -> str:
             f"p90 {r.get('p90_candidate_time_disagreement_50us_and_up', '-')}; nvidia-smi mean "
             f"{cell(r.get('nvidia_smi_mean_utilization_pct'))}%"
             f"{clock_note(r.get('nvidia_smi_sm_clock_mhz'))}; "
-            f"timing seconds per evaluation (median) {cell(r.get('timing_seconds_per_evaluation'))}"
-            + ".",
+            f"timing seconds per evaluation (median) {cell(r.get('timing_seconds_per_evaluation'))}" + ".",
             "",
             "| task | first | second | disagreement | candidate time disagreement | candidate ms "
             "| reference IQR/median | candidate IQR/median |",

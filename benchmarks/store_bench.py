@@ -342,7 +342,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="repetitions; the best of each is reported")
     parser.add_argument("--use-env", action="store_true", help="use the server from KERNELFLEET_S3_*")
     parser.add_argument(
-        "--out", type=Path, default=ROOT / "benchmarks" / "results", help="folder for store_bench.md and .json"
+        "--out",
+        type=Path,
+        default=ROOT / "benchmarks" / "results",
+        help="folder for store_bench.md and .json",
     )
     args = parser.parse_args(argv)
 
