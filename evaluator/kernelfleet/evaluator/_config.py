@@ -16,9 +16,9 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from kernelfleet.core.settings import Device, EvaluationProfile, EvaluationSettings, IsolationLevel
 from kernelfleet.evaluator._version import EVALUATOR_VERSION
@@ -108,6 +108,18 @@ PROFILES: dict[str, Profile] = {
         no_grad=False,
         strict_fp32=False,
     ),
+}
+
+
+# Settings deleted after evaluator 0.8.9, because their own measurements said they did not help
+# (docs/measurements.md): a config that still sets one is refused with the reason, not with
+# pydantic's bare "extra inputs are not permitted".
+DELETED_SETTINGS = {
+    "launch_tolerance": "no process is replaced for its launch level any more",
+    "launch_rerolls": "no process is replaced for its launch level any more",
+    "timing_primer_ms": "timed calls have no primer call any more",
+    "pin_processes": "processes run on the CPUs the evaluator has; pin_timing keeps the timing CPU",
+    "timing_clock": "there is one clock, KernelBench's events on the caller's stream",
 }
 
 
@@ -262,6 +274,18 @@ class EvalConfig(EvaluationSettings):
     )
     baseline_modes: tuple[str, ...] = BASELINE_MODES
     baseline_trials: int | None = Field(default=None, description="None: timing_trials.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_deleted_settings(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for name in data:
+                if name in DELETED_SETTINGS:
+                    raise ValueError(
+                        f"{name} was deleted after evaluator 0.8.9: {DELETED_SETTINGS[name]}; remove it "
+                        "(docs/evaluator.md, Changelog)"
+                    )
+        return data
 
     @field_validator("baseline_modes")
     @classmethod

@@ -167,7 +167,6 @@ def test_config_defaults_and_validation() -> None:
         {"profile": "loose"},
         {"timing_trials": 1},
         {"baseline_modes": ("fast",)},
-        {"timing_clock": "device"},  # deleted after 0.8.9: one clock
         {"timing_lead_us": -1},
         {"timing_lead_us": 50000},
         {"timing_processes": 0},
@@ -177,6 +176,10 @@ def test_config_defaults_and_validation() -> None:
             EvalConfig(**bad)
     with pytest.raises(ValidationError):
         config.device = "cuda"  # type: ignore[misc]
+    # Settings deleted after 0.8.9 are refused with the reason, naming the setting.
+    for deleted in ({"timing_clock": "device"}, {"launch_tolerance": 0.04}, {"pin_processes": True}):
+        with pytest.raises(ValidationError, match=f"{next(iter(deleted))} was deleted after evaluator 0.8.9"):
+            EvalConfig(**deleted)
 
 
 def test_reasons() -> None:
