@@ -55,7 +55,9 @@ matching rows in file order until --repeat-tasks are correct.
         --modes one-at-a-time,pipeline --trials 5                                   # smoke
 
 Writes `reward_service-<date>[-<tag>].json` and `.md` into --out, and with the repeat part every
-timed call it kept in `-samples.json.gz` (benchmarks/timing_estimators.py reads it).
+timed call it kept in `-samples.json.gz`, for re-analysis (run alone: `python -m benchmarks`
+keeps the JSON and the table in its results file, not the calls). Through the entry point:
+`python -m benchmarks throughput ...` (--parts throughput) or `retiming` (--parts repeat).
 """
 
 from __future__ import annotations
@@ -744,7 +746,7 @@ def repeat_settings(args: argparse.Namespace) -> list[EvalConfig]:
         "timeout_seconds": args.task_timeout,
         "compile_timeout_s": args.task_timeout,
         "lane_slots": args.lane_slots,
-        "keep_samples": True,  # every timed call, for re-analysis (benchmarks/timing_estimators.py)
+        "keep_samples": True,  # every timed call, for re-analysis (-samples.json.gz)
         **no_reuse,
     }
     return [EvalConfig(**{**base, **overrides}) for overrides in args.repeat_config]

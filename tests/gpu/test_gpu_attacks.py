@@ -3,7 +3,7 @@ GPU device files pass through the sandbox (an honest candidate runs on the GPU),
 attack gets its expected verdict and leaves no mark outside.
 
 Run on the GPU machine: `python -m pytest -m gpu tests/gpu/test_gpu_attacks.py` (scripts/
-gpu-check.sh --attacks also prints the table of benchmarks/attacks.py).
+gpu-check.sh runs it with the GPU tier; `python -m benchmarks attacks` prints the table).
 """
 
 from __future__ import annotations
