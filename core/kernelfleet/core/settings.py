@@ -4,20 +4,31 @@ The same models serve the custom resources (`OptimizationJobSpec.budget`, `.eval
 runtime (the search loop takes a `Budget`; the evaluator's `EvalConfig` extends
 `EvaluationSettings`) and the command line (`kernelfleet.core.options` generates the flags from
 the fields). A default, a bound or a help text therefore lives in exactly one place: the field.
-Adding an evaluation knob is one field here; the job spec, the CRD (after
+Adding an evaluation setting is one field in its group here; the job spec, the CRD (after
 `scripts/generate-crds.py`), `kernelfleet optimize` and `kernelfleet eval` all pick it up.
 
-Field names are snake_case in Python and camelCase in a resource (`wallTimeSeconds`), as
-Kubernetes users expect; both spellings are accepted on input.
+Evaluation settings are grouped by topic, kopf-style (`correctness`, `timing`, `isolation`,
+`limits`), and a setting's path is its name everywhere: `timing.processes` in Python,
+`evaluation.timing.processes` in a resource, `--timing-processes` on the command line. Field
+names are snake_case in Python and camelCase in a resource (`wallTimeSeconds`), as Kubernetes
+users expect; both spellings are accepted on input.
 """
 
 from __future__ import annotations
 
 import enum
 import hashlib
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 
@@ -182,41 +193,45 @@ class Budget(Settings):
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-class EvaluationSettings(Settings):
-    """What an evaluation measures and how strictly: the knobs a user sets on the command line,
-    in a job spec, or in the evaluator's `EvalConfig` (which extends this model)."""
+class CorrectnessSettings(Settings):
+    """How a candidate is proven correct (`evaluation.correctness`)."""
 
     profile: EvaluationProfile = Field(
         default=EvaluationProfile.STRICT,
         description="Correctness rules: strict, strict-tf32 or kernelbench-v0 (see docs/evaluator.md).",
     )
-    correctness_trials: int = Field(
+    trials: int = Field(
         default=5, ge=1, le=1000, description="Correctness checks, each with a fresh seed and inputs."
     )
-    timing_trials: int = Field(
-        default=100, ge=3, le=100000, description="Timed calls of each side, per timing batch."
-    )
-    warmup: int = Field(default=10, ge=1, le=10000, description="Untimed interleaved rounds before timing.")
     require_kernel: bool = Field(
         default=False, description="Demand a custom CUDA/C++ or Triton kernel; plain PyTorch is rejected."
     )
-    timing_processes: int = Field(
+
+
+class TimingSettings(Settings):
+    """How a correct candidate is timed against its reference (`evaluation.timing`)."""
+
+    trials: int = Field(
+        default=100, ge=3, le=100000, description="Timed calls of each side, per timing batch."
+    )
+    warmup: int = Field(default=10, ge=1, le=10000, description="Untimed interleaved rounds before timing.")
+    processes: int = Field(
         default=2,
         ge=1,
         le=4,
         description="Fresh process pairs (judge and candidate) that time a correct candidate: the speedup is "
         "the geometric mean of the pairs' own, and its interval spans each pair's. Each pair loads the "
         "candidate afresh and checks it again; the pairs after the first are the re-check of a speedup at or "
-        "above speedup_recheck. 1: one pair, as KernelBench.",
+        "above timing.speedup_recheck. 1: one pair, as KernelBench.",
     )
-    timing_processes_max: int | None = Field(
+    processes_max: int | None = Field(
         default=None,
         ge=1,
         le=8,
         description="Time more fresh process pairs, up to this many in all, while the pairs' speedups spread "
-        "by more than pair_tolerance (largest over smallest); one more starts only while timeout_seconds has "
-        "room for twice what a pair took. At least timing_processes; `kernelfleet eval serve` sets 4. None: "
-        "exactly timing_processes pairs.",
+        "by more than timing.pair_tolerance (largest over smallest); one more starts only while "
+        "limits.timeout_seconds has room for twice what a pair took. At least timing.processes; "
+        "`kernelfleet eval serve` sets 4. None: exactly timing.processes pairs.",
     )
     reference_processes: int | None = Field(
         default=None,
@@ -227,6 +242,42 @@ class EvaluationSettings(Settings):
         "an evaluation whose own reference falls outside the pool's range keeps its paired speedup. "
         "`kernelfleet eval serve` sets 4 (0 turns it off there). None: each evaluation's own pairs, as 0.",
     )
+
+    @field_validator("reference_processes")
+    @classmethod
+    def _a_pool_of_several(cls, value: int | None) -> int | None:
+        if value == 1:
+            raise ValueError(
+                "timing.reference_processes 1 would pool a single process, which is what each evaluation's "
+                "own pairs already give: set 0 (off) or 2 and more"
+            )
+        return value
+
+    @field_validator("processes_max")
+    @classmethod
+    def _at_least_processes(cls, value: int | None, info: ValidationInfo) -> int | None:
+        pairs = info.data.get("processes")
+        if value is not None and pairs is not None and value < pairs:
+            raise ValueError(
+                f"timing.processes_max ({value}) is below timing.processes ({pairs}): set it to "
+                f"{pairs} or more, or leave it unset for exactly timing.processes pairs"
+            )
+        return value
+
+
+class IsolationSettings(Settings):
+    """How candidates are walled in (`evaluation.isolation`; docs/sandbox.md)."""
+
+    min_level: IsolationLevel | None = Field(
+        default=None,
+        description="Refuse to evaluate on a machine that cannot wall candidates in at least this well: "
+        "process, landlock, bubblewrap or bubblewrap+landlock (docs/sandbox.md). None: any level.",
+    )
+
+
+class LimitSettings(Settings):
+    """The bounds one evaluation keeps (`evaluation.limits`)."""
+
     timeout_seconds: float = Field(
         default=300.0,
         gt=0,
@@ -235,38 +286,81 @@ class EvaluationSettings(Settings):
         "re-check together; waiting for the device excluded) before its processes are killed and the "
         "verdict is timeout.",
     )
-    memory_limit: MemorySize | None = Field(
+    memory: MemorySize | None = Field(
         default=None,
         description="Host memory a candidate's process may allocate, e.g. 8G or 16Gi. None: half of "
         "the machine's memory.",
     )
-    min_isolation: IsolationLevel | None = Field(
-        default=None,
-        description="Refuse to evaluate on a machine that cannot wall candidates in at least this well: "
-        "process, landlock, bubblewrap or bubblewrap+landlock (docs/sandbox.md). None: any level.",
-    )
 
     @property
-    def memory_limit_bytes(self) -> int | None:
-        return parse_bytes(self.memory_limit) if self.memory_limit else None
+    def memory_bytes(self) -> int | None:
+        return parse_bytes(self.memory) if self.memory else None
 
-    @field_validator("reference_processes")
-    @classmethod
-    def _a_pool_of_several(cls, value: int | None) -> int | None:
-        if value == 1:
-            raise ValueError(
-                "reference_processes 1 would pool a single process, which is what each evaluation's own "
-                "pairs already give: set 0 (off) or 2 and more"
-            )
-        return value
 
-    @field_validator("timing_processes_max")
-    @classmethod
-    def _at_least_timing_processes(cls, value: int | None, info: ValidationInfo) -> int | None:
-        pairs = info.data.get("timing_processes")
-        if value is not None and pairs is not None and value < pairs:
+# The flat names of evaluator 0.8.9 and before, with where each setting now lives: a flat key is
+# refused with its new place named, so that an old job spec or command line fails clearly.
+FLAT_EVALUATION_KEYS: dict[str, str] = {
+    "profile": "correctness.profile",
+    "correctness_trials": "correctness.trials",
+    "require_kernel": "correctness.require_kernel",
+    "timing_trials": "timing.trials",
+    "warmup": "timing.warmup",
+    "timing_processes": "timing.processes",
+    "timing_processes_max": "timing.processes_max",
+    "reference_processes": "timing.reference_processes",
+    "min_isolation": "isolation.min_level",
+    "timeout_seconds": "limits.timeout_seconds",
+    "memory_limit": "limits.memory",
+}
+
+
+def refuse_flat_keys(data: Any, moved: dict[str, str]) -> None:
+    """Raise ValueError naming the new place of any key of `data` in `moved` (snake_case or
+    camelCase), so that `timing_trials: 7` says to write `timing.trials`."""
+    if not isinstance(data, dict):
+        return
+    for key in data:
+        name = next((old for old in moved if key in (old, to_camel(old))), None)
+        if name is not None:
+            where = moved[name]
+            camel = ".".join(to_camel(part) for part in where.split("."))
             raise ValueError(
-                f"timing_processes_max ({value}) is below timing_processes ({pairs}): set it to "
-                f"{pairs} or more, or leave it unset for exactly timing_processes pairs"
+                f"{key} is now {where} ({camel} in a resource): the settings were grouped after 0.8.9"
             )
-        return value
+
+
+def merged(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    """`base` with `changes` laid over it, group by group: {"timing": {"trials": 7}} over
+    {"timing": {"warmup": 2}} keeps both."""
+    out = dict(base)
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merged(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+class EvaluationSettings(Settings):
+    """What an evaluation measures and how strictly, grouped by topic: the settings a user gives on
+    the command line (`--timing-trials`), in a job spec (`evaluation.timing.trials`), or in the
+    evaluator's `EvalConfig` (which extends each group with the evaluator's own settings)."""
+
+    correctness: CorrectnessSettings = Field(
+        default_factory=CorrectnessSettings, description="How a candidate is proven correct."
+    )
+    timing: TimingSettings = Field(
+        default_factory=TimingSettings, description="How a correct candidate is timed against its reference."
+    )
+    isolation: IsolationSettings = Field(
+        default_factory=IsolationSettings, description="How candidates are walled in."
+    )
+    limits: LimitSettings = Field(
+        default_factory=LimitSettings, description="The bounds one evaluation keeps."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _grouped(cls, data: Any) -> Any:
+        refuse_flat_keys(data, FLAT_EVALUATION_KEYS)
+        return data

@@ -18,7 +18,16 @@ from kernelfleet.core import reasons
 from kernelfleet.core.tasks import kernelbench_dir, load_tasks
 from kernelfleet.evaluator._cache import DirectoryResultCache, ResultCache
 from kernelfleet.evaluator._client import EvaluationClient, ServiceError, result_from_json
-from kernelfleet.evaluator._config import BASELINE_MODES, PROFILES, EvalConfig, Profile
+from kernelfleet.evaluator._config import (
+    BASELINE_MODES,
+    PROFILES,
+    CorrectnessConfig,
+    EvalConfig,
+    IsolationConfig,
+    LimitConfig,
+    Profile,
+    TimingConfig,
+)
 from kernelfleet.evaluator._environment import gpu_class
 from kernelfleet.evaluator._evaluator import (
     BatchCancelled,
@@ -36,18 +45,22 @@ __all__ = [
     "EVALUATOR_VERSION",
     "PROFILES",
     "BatchCancelled",
+    "CorrectnessConfig",
     "DirectoryResultCache",
     "EvalConfig",
     "EvaluationCancelled",
     "EvaluationClient",
     "EvaluationService",
     "Evaluator",
+    "IsolationConfig",
+    "LimitConfig",
     "Metrics",
     "Profile",
     "ResultCache",
     "ServiceError",
     "ServiceServer",
     "TaskError",
+    "TimingConfig",
     "gpu_class",
     "kernelbench_dir",
     "load_tasks",

@@ -228,7 +228,7 @@ class Session:
             G.manual_seed(self.init_seed)
             self.init_inputs = list(self.ref_mod.get_init_inputs())
             self.ref_model = self.build(self.ref_mod.Model)
-            if self.config.float64_reference:
+            if self.config.correctness.float64_reference:
                 self.ref64_model = self.build(self.ref_mod.Model)
                 self.ref64_model = self.ref64_model.double()
             inputs = self.inputs(self.rng.getrandbits(31))
@@ -342,7 +342,7 @@ def baselines(job: Job) -> dict[str, Any]:
     bank = InputBank(sets)
     unavailable: dict[str, str] = {}
     subjects: list[Subject] = []
-    for mode in job.config.baseline_modes:
+    for mode in job.config.timing.baseline_modes:
         try:
             subject = _baseline_subject(session, mode, sets[0])
         except Exception as error:
@@ -354,16 +354,16 @@ def baselines(job: Job) -> dict[str, Any]:
             subjects.append(subject)
     if not subjects:
         return {"status": "ok", "samples": {}, "unavailable": unavailable}
-    trials = job.config.baseline_trials or job.config.timing_trials
+    trials = job.config.timing.baseline_trials or job.config.timing.trials
     run = run_timing(
         subjects,
         bank,
         device=session.device,
-        warmup=job.config.warmup,
+        warmup=job.config.timing.warmup,
         trials=trials,
-        flush_bytes=job.config.resolved_flush_bytes(session.cuda),
+        flush_bytes=job.config.timing.resolved_flush_bytes(session.cuda),
         rng=session.rng,
-        lead_us=job.config.timing_lead_us,
+        lead_us=job.config.timing.lead_us,
     )
     return {"status": "ok", "samples": run.samples, "unavailable": unavailable}
 

@@ -170,11 +170,11 @@ def recheck_of_pairs(pooled: PooledTiming, config: EvalConfig) -> tuple[str, int
     figures then count (as the lower of a first timing and its re-check does), else None: the
     pooled speedup counts."""
     ratios = pooled.pair_speedups
-    if config.speedup_recheck is None or max(ratios) < config.speedup_recheck:
+    if config.timing.speedup_recheck is None or max(ratios) < config.timing.speedup_recheck:
         return None
     low = min(range(len(ratios)), key=ratios.__getitem__)
     each = ", then ".join(f"{ratio:.2f}x" for ratio in ratios)
-    if 1 - ratios[low] / max(ratios) > config.recheck_tolerance:
+    if 1 - ratios[low] / max(ratios) > config.timing.recheck_tolerance:
         return R.reason(R.NOT_REPRODUCIBLE, f"{each} in fresh process pairs; the lowest counts"), low
     return R.reason(R.RECHECKED, f"{each} in fresh process pairs; their pooled speedup counts"), None
 
@@ -231,11 +231,11 @@ def against_pool(
         return pooled, R.reason(
             R.REFERENCE_DRIFTED,
             f"the reference ran {shown} ms here, outside its session pool's range by more than "
-            f"{config.reference_tolerance:.0%} ({pool.describe()}): the machine has moved since, so "
+            f"{config.timing.reference_tolerance:.0%} ({pool.describe()}): the machine has moved since, so "
             "this evaluation's own paired figures count",
         )
     note = R.reason(R.REFERENCE_POOLED, pool.describe())
-    return pool_pairs(answers, config.keep_samples, pool.median_ms), note
+    return pool_pairs(answers, config.timing.keep_samples, pool.median_ms), note
 
 
 def another_pair(
@@ -250,20 +250,20 @@ def another_pair(
     offset for its life, so pairs that disagree are told apart only by more processes, not more
     rounds. Such an optional pair starts only with room for twice what a pair took so far: one
     that ran out of the timeout would turn a measured speedup into a timeout."""
-    if len(answers) < config.timing_processes:
+    if len(answers) < config.timing.processes:
         return True
-    if config.timeout_seconds - spent_s < 2 * spent_s / len(answers):
+    if config.limits.timeout_seconds - spent_s < 2 * spent_s / len(answers):
         return False
     if len(answers) < pool_owed:
         return True
-    if config.timing_processes_max is None or len(answers) >= config.timing_processes_max:
+    if config.timing.processes_max is None or len(answers) >= config.timing.processes_max:
         return False
-    pooled = bool(config.reference_processes)
+    pooled = bool(config.timing.reference_processes)
     ratios = [
         (1.0 if pooled else reference.median_ms) / candidate.median_ms
         for reference, candidate in (answer_timings(answer, keep=False) for answer in answers)
     ]
-    return max(ratios) / min(ratios) - 1 > config.pair_tolerance
+    return max(ratios) / min(ratios) - 1 > config.timing.pair_tolerance
 
 
 def build_jobs(cores: int, workers: int) -> int:
@@ -549,13 +549,13 @@ class Evaluator:
     @property
     def isolation(self) -> str:
         """The isolation level candidates run at (resolved on first use; UsageError when it is
-        below `min_isolation`)."""
+        below `isolation.min_level`)."""
         if self._level is None:
-            self._level = resolve_level(self.config.isolation, self.config.min_isolation)
+            self._level = resolve_level(self.config.isolation.level, self.config.isolation.min_level)
         return self._level
 
     def _sandbox(self) -> Sandbox:
-        scratch = min(self.config.scratch_bytes, 2 * _half_memory())
+        scratch = min(self.config.limits.scratch_bytes, 2 * _half_memory())
         return sandbox_for(self.isolation, str(self.config.build_root), scratch, self._sandbox_slots)
 
     @functools.cached_property
@@ -572,12 +572,12 @@ class Evaluator:
     def _sides(self, config: EvalConfig, lane: _Lane | None, env: dict[str, str]) -> Sides:
         level = self.isolation
         report = detect()
-        memory = config.memory_limit_bytes or _half_memory()
+        memory = config.limits.memory_bytes or _half_memory()
         candidate = Walls(
             landlock=level.endswith("landlock"),
             seccomp=report.seccomp,
             memory_bytes=memory,
-            file_bytes=config.scratch_bytes,
+            file_bytes=config.limits.scratch_bytes,
             processes=None if report.cgroup else _PROCESSES,
             # A C++/CUDA candidate loads its extension from its own build directory (keyed by its
             # source: no other code's build is there), and may touch it there.
@@ -637,10 +637,12 @@ class Evaluator:
         config = item.config
         reasons = list(reasons)
         flagged = False
-        if speedup is not None and speedup > config.review_ceiling:
+        if speedup is not None and speedup > config.timing.review_ceiling:
             flagged = True
             reasons.append(
-                R.reason(R.REVIEW, f"speedup {speedup:.2f}x is above the {config.review_ceiling:g}x ceiling")
+                R.reason(
+                    R.REVIEW, f"speedup {speedup:.2f}x is above the {config.timing.review_ceiling:g}x ceiling"
+                )
             )
         if any(
             R.reason_code(t) in (R.NOT_REPRODUCIBLE, R.TRACE_UNAVAILABLE, R.DEGENERATE_TASK, R.JUDGE_FAILED)
@@ -663,7 +665,7 @@ class Evaluator:
             flagged_for_review=flagged,
             max_abs_error=max_abs_error,
             environment=environment,
-            profile=str(config.profile),
+            profile=str(config.correctness.profile),
             seconds=round(seconds, 3),
             log=log[-_LOG_LIMIT:] if verdict != "correct" else "",
             stages={name: round(value, 4) for name, value in item.stages.items()},
@@ -695,9 +697,9 @@ class Evaluator:
             raise EvaluationCancelled(f"{what} the candidate was cancelled")
         if outcome.timed_out:
             if what == "building":
-                limit = f"{item.config.compile_timeout_s:g} s of CPU time"
+                limit = f"{item.config.limits.compile_timeout_s:g} s of CPU time"
             else:
-                limit = f"{item.config.timeout_seconds:g} s"
+                limit = f"{item.config.limits.timeout_seconds:g} s"
                 if spent > 0:
                     limit += (
                         " (timeout_seconds bounds the whole evaluation;"
@@ -742,7 +744,9 @@ class Evaluator:
     # -- reference timings, once per task, device and session
 
     def _bank_key(self, item: _Item, lane: _Lane, settings: dict[str, str]) -> tuple[str, ...]:
-        config = item.config.model_dump_json(exclude={"seed", "speedup_recheck", "review_ceiling"})
+        config = item.config.model_dump_json(
+            exclude={"seed": True, "timing": {"speedup_recheck", "review_ceiling"}}
+        )
         return (item.task.hash, str(lane.index), source_hash(config), repr(sorted(settings.items())))
 
     def _reference_bank(self, item: _Item, lane: _Lane) -> Callable[[dict[str, str]], list[float] | None]:
@@ -805,8 +809,10 @@ class Evaluator:
 
         config = item.config
         if further:
-            trials = min(config.correctness_trials, config.retime_correctness_trials)
-            config = config.model_copy(update={"correctness_trials": trials})
+            trials = min(config.correctness.trials, config.timing.retime_correctness_trials)
+            config = config.model_copy(
+                update={"correctness": config.correctness.model_copy(update={"trials": trials})}
+            )
         self.metrics.lane_active(lane.index, 1)
         try:
             evaluation = Evaluation(
@@ -816,13 +822,15 @@ class Evaluator:
                 item.task.code,
                 item.code,
                 self._seed(config),
-                timeout=max(0.001, config.timeout_seconds - spent),
+                timeout=max(0.001, config.limits.timeout_seconds - spent),
                 cancel=item.cancel,
                 take_lane=take_lane,
                 release_lane=release_lane,
-                reference_bank=self._reference_bank(item, lane) if reuse and config.reference_reuse else None,
-                keep_reference=self._keep_reference(item, lane) if config.reference_reuse else None,
-                gpu_gate=lane.gate if config.exclusive_timing else None,
+                reference_bank=self._reference_bank(item, lane)
+                if reuse and config.timing.reference_reuse
+                else None,
+                keep_reference=self._keep_reference(item, lane) if config.timing.reference_reuse else None,
+                gpu_gate=lane.gate if config.timing.exclusive else None,
                 timing_cpu=lane.timing_cpu(config) if self._pins_timing(config, lane) else None,
             )
             outcome = evaluation.run()
@@ -869,15 +877,15 @@ class Evaluator:
         speedup = answer.get("speedup")
         interval = answer.get("speedup_ci")
         if answer.get("reference_ms"):
-            reference, candidate = answer_timings(answer, config.keep_samples)
+            reference, candidate = answer_timings(answer, config.timing.keep_samples)
         rechecked, spent = False, outcome.counted_s
-        pairs_wanted = config.timing_processes > 1 or bool(config.reference_processes)
+        pairs_wanted = config.timing.processes > 1 or bool(config.timing.reference_processes)
         if verdict == "correct" and speedup is not None and pairs_wanted:
             answers = [answer]
-            size = config.reference_processes or 0
+            size = config.timing.reference_processes or 0
             pool_key = self._bank_key(item, lane, answer.get("settings") or {}) if size else ()
             # The fresh processes this evaluation brings to the task's pool, and those it offered.
-            promised = self._pools.promise(pool_key, size, config.timing_processes) if size else 0
+            promised = self._pools.promise(pool_key, size, config.timing.processes) if size else 0
             offered, pool = 0, None
             try:
                 while True:
@@ -899,10 +907,10 @@ class Evaluator:
                     if verdict != "correct" or not size:
                         break
                     fresh = fresh_reference_medians(answers[offered:])
-                    tolerance = config.reference_tolerance
+                    tolerance = config.timing.reference_tolerance
                     pool = self._pools.offer(pool_key, fresh, size, tolerance, promised)
                     promised, offered = 0, len(answers)
-                    room = max(0.0, config.timeout_seconds - spent)
+                    room = max(0.0, config.limits.timeout_seconds - spent)
                     pool = pool or self._pools.wait(pool_key, size, tolerance, room)
                     if pool is not None:
                         break
@@ -914,7 +922,7 @@ class Evaluator:
                 if promised:
                     self._pools.release(pool_key, promised)
             if verdict == "correct":
-                pooled = pool_pairs(answers, config.keep_samples)
+                pooled = pool_pairs(answers, config.timing.keep_samples)
                 if pool is not None:
                     pooled, note = against_pool(pool, answers, pooled, config)
                     reasons.append(note)
@@ -926,7 +934,7 @@ class Evaluator:
                     reasons.append(reason)
                     if low is not None:
                         speedup, interval = pooled.pair_speedups[low], pooled.pair_intervals[low]
-                        reference, candidate = answer_timings(answers[low], config.keep_samples)
+                        reference, candidate = answer_timings(answers[low], config.timing.keep_samples)
                         if pooled.reference_ms is not None:  # measured against the pool, not its own
                             reference = reference.model_copy(update={"median_ms": pooled.reference_ms})
         if (
@@ -958,7 +966,7 @@ class Evaluator:
             else:
                 again = float(second["speedup"])
                 spread = abs(speedup - again) / max(speedup, again)
-                code_name = R.NOT_REPRODUCIBLE if spread > config.recheck_tolerance else R.RECHECKED
+                code_name = R.NOT_REPRODUCIBLE if spread > config.timing.recheck_tolerance else R.RECHECKED
                 reasons.append(
                     R.reason(
                         code_name,
@@ -968,7 +976,7 @@ class Evaluator:
                 if again < speedup:
                     speedup = again
                     interval = second.get("speedup_ci")
-                    reference, candidate = answer_timings(second, config.keep_samples)
+                    reference, candidate = answer_timings(second, config.timing.keep_samples)
         if verdict == "correct" and reference and candidate:
             uneven = uneven_spread(reference, candidate)
             reasons += [uneven] if uneven else []
@@ -990,7 +998,7 @@ class Evaluator:
 
     @staticmethod
     def _needs_recheck(speedup: float, config: EvalConfig) -> bool:
-        threshold = config.speedup_recheck
+        threshold = config.timing.speedup_recheck
         return threshold is not None and speedup >= threshold
 
     def _build(self, item: _Item, lane: _Lane) -> EvaluationResult | None:
@@ -1014,10 +1022,10 @@ class Evaluator:
             item.task.code,
             item.code,
             0,
-            timeout=3 * config.compile_timeout_s,
+            timeout=3 * config.limits.compile_timeout_s,
             cancel=item.cancel,
         )
-        outcome = evaluation.build(walls, config.compile_timeout_s)
+        outcome = evaluation.build(walls, config.limits.compile_timeout_s)
         item.stages["build"] = outcome.seconds
         answer = outcome.answer
         if answer is None:
@@ -1049,7 +1057,7 @@ class Evaluator:
     def _pins_timing(config: EvalConfig, lane: _Lane) -> bool:
         """On the CPU the timed call's own threads do the work: one CPU holds them only when
         there is one (pinning the timing thread pins the threads it starts too)."""
-        return config.pin_timing and (lane.visible is not None or config.cpu_threads == 1)
+        return config.timing.pin_cpu and (lane.visible is not None or config.cpu_threads == 1)
 
     def _lane_slots(self) -> int:
         if self.config.lane_slots is not None:
@@ -1311,7 +1319,7 @@ class Evaluator:
     def baselines_detail(self, task: Task) -> tuple[dict[str, Timing], dict[str, str]]:
         """`baselines` plus why each missing mode is missing."""
         lane = self._probe_lanes()[0]
-        timeout = max(self.config.timeout_seconds, 120.0) * 2
+        timeout = max(self.config.limits.timeout_seconds, 120.0) * 2
         message = {
             "op": "baselines",
             "config": self.config.model_dump(mode="json"),

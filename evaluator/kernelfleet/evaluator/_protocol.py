@@ -491,7 +491,7 @@ class Evaluation:
                 self._correctness()
                 self._inspect()
             self.ask({"op": "native_threads"})
-            if config.timing:
+            if config.timing.enabled:
                 timing = self._timed()
             if any(R.is_rejecting(text) for text in self.reasons):
                 verdict = "rejected"
@@ -537,7 +537,7 @@ class Evaluation:
         calls, and for large inputs (40 of the 248 v0 tasks make more than 50 MB) making them
         is a third of a correctness call."""
         sets = None if self.input_bytes is None else 2 * self.input_bytes + self.output_bytes
-        if sets is None or sets > self.config.scratch_bytes // 4:
+        if sets is None or sets > self.config.limits.scratch_bytes // 4:
             return None
         self.ahead = self.name("in")
         return {"op": "inputs", "seed": self.rng.getrandbits(31), "name": self.ahead}
@@ -599,7 +599,7 @@ class Evaluation:
             raise _Stop("rejected" if any(R.is_rejecting(t) for t in self.reasons) else "incorrect")
 
     def _correctness(self) -> None:
-        trials = self.config.correctness_trials
+        trials = self.config.correctness.trials
         for trial in range(trials):
             stage = f"correctness trial {trial + 1}"
             self._judged(self._call(stage), stage)
@@ -672,7 +672,7 @@ class Evaluation:
             if not answer.get("ok"):
                 self.reasons.extend(str(t) for t in answer.get("reasons", []))
                 raise _Stop("rejected" if any(R.is_rejecting(t) for t in self.reasons) else "incorrect")
-        if self.config.require_kernel:
+        if self.config.correctness.require_kernel:
             self._require_kernel(trace)
         if any(R.is_rejecting(text) for text in self.reasons):
             raise _Stop("rejected")
@@ -758,7 +758,7 @@ class Evaluation:
         # (1:11's 2.1 GB): several evaluations holding such banks while they wait for the lane
         # could fill the device, and an out-of-memory in the candidate's process would read as
         # its fault; those are made with the lane held, one at a time, as before.
-        early = self.input_bytes is not None and 8 * self.input_bytes <= self.config.scratch_bytes
+        early = self.input_bytes is not None and 8 * self.input_bytes <= self.config.limits.scratch_bytes
         bank = None
         if early:
             with self.stage("timing_inputs"):
@@ -784,9 +784,9 @@ class Evaluation:
         # Both sides time with the same flush and, when pinned, on the same CPU.
         timing = {
             "op": "clock",
-            "flush_bytes": config.resolved_flush_bytes(config.device != "cpu"),
+            "flush_bytes": config.timing.resolved_flush_bytes(config.device != "cpu"),
             "cpu": self.timing_cpu,
-            "lead_us": config.timing_lead_us,
+            "lead_us": config.timing.lead_us,
         }
         # The judge measured how many writes make the lead: the candidate's side makes as many.
         self.ask({**timing, "reps": self.ask_judge(timing).get("reps")})
@@ -863,7 +863,7 @@ class Evaluation:
                 return measure_quietly(rounds, first)
 
         def measure_quietly(rounds: int, first: bool) -> tuple[list[float], list[float]]:
-            warmup = config.warmup if first else 2
+            warmup = config.timing.warmup if first else 2
             batch: dict[str, list[float]] = {"reference": [], "candidate": []}
             order = ["reference", "candidate"]
             timed_since = 0.0
@@ -874,7 +874,7 @@ class Evaluation:
                 # gate's neighbours) come every few seconds, not after `rounds` calls of 100 ms.
                 last = round_index == warmup + rounds - 1 or (
                     round_index + 1 - warmup >= _MIN_BATCH_ROUNDS
-                    and time.monotonic() - timed_since >= config.timing_batch_s
+                    and time.monotonic() - timed_since >= config.timing.batch_s
                 )
                 counter[0] += 1
                 index = self.rng.randrange(count)
@@ -929,14 +929,14 @@ class Evaluation:
             light[0] = bank is not None
             return adaptive_timing(
                 measure,
-                trials=config.timing_trials,
-                extra_batches=config.timing_retries,
-                precision=config.timing_precision,
-                max_cv=config.max_speedup_cv,
-                budget_s=config.timing_budget_s,
+                trials=config.timing.trials,
+                extra_batches=config.timing.retries,
+                precision=config.timing.precision,
+                max_cv=config.timing.max_speedup_cv,
+                budget_s=config.timing.budget_s,
                 seed=self.rng.getrandbits(31),
                 reference_bank=bank,
-                drift_tolerance=config.reference_drift,
+                drift_tolerance=config.timing.reference_drift,
             )
 
         known = self.reference_bank(dict(self.settings)) if self.reference_bank is not None else None
@@ -965,7 +965,7 @@ class Evaluation:
         if mismatch is not None:
             raise _Stop("rejected", [mismatch])
         estimate = timed.estimate
-        speedup, noisy = decide(timed, config.max_speedup_cv)
+        speedup, noisy = decide(timed, config.timing.max_speedup_cv)
         if noisy is not None:
             self.reasons.append(R.reason(R.TIMING_NOISY, noisy))
         if reuse["paired"] and self.keep_reference is not None and timed.reference:

@@ -172,9 +172,9 @@ def resolve_level(requested: str, minimum: str | None) -> str:
         raise UsageError(f"isolation 'bubblewrap' needs bwrap:\n{report.describe()}")
     if minimum is not None and isolation_rank(level) < isolation_rank(minimum):
         raise UsageError(
-            f"min_isolation is {minimum!r}, but this machine reaches {level!r} (levels, weakest first: "
+            f"isolation.min_level is {minimum!r}, but this machine reaches {level!r} (levels, weakest first: "
             f"{', '.join(ISOLATION_LEVELS)}); install bubblewrap (apt-get install bubblewrap) or use a "
-            f"kernel with Landlock, or lower --min-isolation\n{report.describe()}"
+            f"kernel with Landlock, or lower --isolation-min-level\n{report.describe()}"
         )
     return level
 

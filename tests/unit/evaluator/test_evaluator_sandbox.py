@@ -143,12 +143,15 @@ def test_a_minimum_the_machine_cannot_meet_is_refused_with_what_to_install(
 ) -> None:
     weak = S.IsolationReport("process", None, "bwrap is not installed", 0, True, None)
     monkeypatch.setattr(S, "detect", lambda: weak)
-    with pytest.raises(UsageError, match=r"min_isolation is 'landlock'.*apt-get install bubblewrap"):
+    with pytest.raises(UsageError, match=r"isolation.min_level is 'landlock'.*apt-get install bubblewrap"):
         S.resolve_level("auto", "landlock")
     assert S.resolve_level("auto", "process") == "process"
     with pytest.raises(UsageError, match="not available here"):
         S.resolve_level("bubblewrap", None)
-    with Evaluator(EvalConfig(min_isolation="bubblewrap")) as evaluator, pytest.raises(UsageError):
+    with (
+        Evaluator(EvalConfig.model_validate({"isolation": {"min_level": "bubblewrap"}})) as evaluator,
+        pytest.raises(UsageError),
+    ):
         evaluator.isolation  # noqa: B018 - resolving the level is what refuses
 
 
