@@ -60,11 +60,25 @@ def _one(args: argparse.Namespace) -> int:
         "timeout_seconds": 120.0,
     }
     fields = EvalConfig.model_fields
-    if "timeout_seconds" not in fields:  # an evaluator from before the sandbox
+    if "timeout_seconds" not in fields and "limits" not in fields:  # an evaluator from before the sandbox
         values["run_timeout_s"] = values.pop("timeout_seconds")
     if "isolation" in fields:
         values.update(isolation=args.level, memory_limit="2Gi", scratch_bytes=256 * 1024**2)
-    with Evaluator(EvalConfig(**values)) as evaluator:
+    if "limits" in fields:  # settings grouped (after evaluator 0.8.9)
+        values = {
+            "device": args.device,
+            "correctness": {"trials": 2},
+            "timing": {
+                "trials": 20,
+                "warmup": 2,
+                "max_speedup_cv": None,
+                "retries": 1,
+                "speedup_recheck": None,
+            },
+            "isolation": {"level": args.level},
+            "limits": {"timeout_seconds": 120.0, "memory": "2Gi", "scratch_bytes": 256 * 1024**2},
+        }
+    with Evaluator(EvalConfig.model_validate(values)) as evaluator:
         result = evaluator.evaluate(Task(name="matmul", code=C.MATMUL_TASK), attack.source)
     print(
         json.dumps(

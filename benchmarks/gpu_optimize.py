@@ -35,7 +35,7 @@ from typing import Any
 from kernelfleet.core.hashing import source_hash
 from kernelfleet.core.models import EvaluationResult, TaskSummary, Verdict
 from kernelfleet.core.store import open_store
-from kernelfleet.evaluator import EvalConfig, Evaluator, load_tasks
+from kernelfleet.evaluator import CorrectnessConfig, EvalConfig, Evaluator, TimingConfig, load_tasks
 from kernelfleet.search import (
     Budget,
     CompilePolicy,
@@ -202,11 +202,10 @@ def main(argv: list[str] | None = None) -> int:
     store = open_store(args.store)
     config = EvalConfig(
         device=args.device,
-        profile=args.profile,
-        correctness_trials=args.correctness_trials,
-        timing_trials=args.timing_trials,
-        warmup=args.warmup,
-        baseline_modes=("eager", "compile"),
+        correctness=CorrectnessConfig(profile=args.profile, trials=args.correctness_trials),
+        timing=TimingConfig(
+            trials=args.timing_trials, warmup=args.warmup, baseline_modes=("eager", "compile")
+        ),
     )
     settings = LoopSettings(verify_best=args.verify, measure_baselines=args.baselines)
     with Evaluator(config) as evaluator:

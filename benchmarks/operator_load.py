@@ -17,7 +17,7 @@ Usage (servers from $KERNELFLEET_BIN_DIR, the build script's cache by default):
     .venv/bin/python benchmarks/operator_load.py                  # both scenarios, writes results
     .venv/bin/python benchmarks/operator_load.py --tasks 2000 --jobs 20   # quicker
 
-Results: benchmarks/results/operator_load-<date>.json and .md.
+Results: operator_load-<date>.json in --out (benchmarks/results).
 """
 
 from __future__ import annotations
@@ -346,7 +346,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=10_000)
     parser.add_argument("--jobs", type=int, default=100)
-    parser.add_argument("--output", default=str(ROOT / "benchmarks" / "results"))
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"), help="results folder")
     parser.add_argument("--keep", action="store_true", help="keep the servers' and operators' logs")
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="kernelfleet-operator-load-"))
@@ -369,7 +369,7 @@ def main() -> int:
         "one_big_job": big,
         "many_jobs": many,
     }
-    out = Path(args.output)
+    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = out / f"operator_load-{result['date']}"
     stem.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")

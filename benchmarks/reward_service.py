@@ -15,10 +15,9 @@ pass --kernels or set $KERNELFLEET_CUDA_L1_KERNELS). Three parts, each saved as 
                        --old-tree, .old), one candidate at a time in a process of its own
                        (benchmarks/old_evaluator.py): the issue's "today's";
     pipeline           one `evaluate_batch` with the defaults (lane_slots --lane-slots);
-    pipeline-shared-lane  as pipeline with EvalConfig(exclusive_timing=False);
-    pipeline-no-reuse  as pipeline with EvalConfig(reference_reuse=False), when that field exists;
-    pipeline-more-pairs  as pipeline with EvalConfig(timing_processes_max=4);
-    pipeline-reference-pool  as pipeline with EvalConfig(reference_processes=4).
+    pipeline-shared-lane  as pipeline with timing.exclusive=false;
+    pipeline-more-pairs  as pipeline with timing.processes_max=4;
+    pipeline-reference-pool  as pipeline with timing.reference_processes=4.
   Per mode: candidates finished, wall seconds, evaluations per GPU-hour, per-stage seconds,
   timing-lane busy share (over the whole mode and while a candidate waits for a slot),
   nvidia-smi utilisation and verdict counts; then the ratios between modes. A mode runs to
@@ -29,7 +28,7 @@ pass --kernels or set $KERNELFLEET_CUDA_L1_KERNELS). Three parts, each saved as 
   --variant-tasks tasks (pure-Python ones, so that builds do not hide the timing lane), each
   with --variants copies that differ by a comment (so each is evaluated afresh), through the
   pipeline under each --variant-config setting, one after the other (by default the defaults,
-  then reference_processes=4). Per mode: rate, timing-lane seconds per candidate, lane busy
+  then timing.reference_processes=4). Per mode: rate, timing-lane seconds per candidate, lane busy
   share, the reference notes, and how far each task's variants' speedups spread (the same
   candidate re-timed in one session: p50 and p90, and over candidates of 50 us and more).
 - repeat: the published kernels in file order are screened until --repeat-tasks of them are
@@ -38,8 +37,8 @@ pass --kernels or set $KERNELFLEET_CUDA_L1_KERNELS). Three parts, each saved as 
   more. A speedup here is the ratio of the two medians, reported or not (one as fast as its
   reference is reported as no speedup, but it is timed all the same). Reference reuse is off
   here: each timing stands on its own paired measurement. --repeat-config takes EvalConfig
-  fields (lane_slots=1,compile_workers=1 takes the neighbours away: the machine's own
-  repeatability); several settings separated by ';' (`"pin_timing=true;pin_timing=false"`)
+  settings by path (lane_slots=1,compile_workers=1 takes the neighbours away: the machine's own
+  repeatability); several settings separated by ';' (`"timing.pin_cpu=true;timing.pin_cpu=false"`)
   time each screened candidate twice under every setting, interleaved in one pipeline: side
   by side under the same load. --repeat-min-ms 0.05 times again only the candidates the goal
   counts (50 us and more), so that a run with several settings fits a device call.
@@ -55,7 +54,9 @@ matching rows in file order until --repeat-tasks are correct.
         --modes one-at-a-time,pipeline --trials 5                                   # smoke
 
 Writes `reward_service-<date>[-<tag>].json` and `.md` into --out, and with the repeat part every
-timed call it kept in `-samples.json.gz` (benchmarks/timing_estimators.py reads it).
+timed call it kept in `-samples.json.gz`, for re-analysis (run alone: `python -m benchmarks`
+keeps the JSON and the table in its results file, not the calls). Through the entry point:
+`python -m benchmarks throughput ...` (--parts throughput) or `retiming` (--parts repeat).
 """
 
 from __future__ import annotations
@@ -85,11 +86,13 @@ for part in ("core", "evaluator"):
     if str(ROOT / part) not in sys.path:
         sys.path.insert(0, str(ROOT / part))
 
-from gpu_evaluator import UtilizationSampler, commit, tree_env  # noqa: E402
+from _common import UtilizationSampler, commit, tree_env  # noqa: E402
 
 from kernelfleet.core import reasons as R  # noqa: E402
 from kernelfleet.core.errors import EvaluationCancelled  # noqa: E402
 from kernelfleet.core.models import EvaluationResult, Task  # noqa: E402
+from kernelfleet.core.options import leaf_fields, lookup, nest  # noqa: E402
+from kernelfleet.core.settings import merged  # noqa: E402
 from kernelfleet.evaluator import EVALUATOR_VERSION, EvalConfig, Evaluator, load_tasks  # noqa: E402
 
 HARNESS = Path(__file__).resolve().parent / "kernelbench_harness.py"
@@ -141,65 +144,44 @@ MODES: dict[str, Mode] = {
         Mode(
             "pipeline-shared-lane",
             "batch",
-            {"exclusive_timing": False},
-            needs_field="exclusive_timing",
+            {"timing.exclusive": False},
+            needs_field="timing.exclusive",
             about="evaluate_batch, correctness of the other slots running beside each timing",
         ),
         Mode(
             "pipeline-one-pair",
             "batch",
-            {"timing_processes": 1},
-            needs_field="timing_processes",
+            {"timing.processes": 1},
+            needs_field="timing.processes",
             about="evaluate_batch, each candidate timed in one process pair (evaluator 0.7.0's default)",
-        ),
-        Mode(
-            "pipeline-local-cpus",
-            "batch",
-            {"pin_processes": True},
-            needs_field="pin_processes",
-            about="evaluate_batch, both processes of a pair on the CPUs local to the GPU from their start",
-        ),
-        Mode(
-            "pipeline-launch-level",
-            "batch",
-            {"launch_tolerance": 0.04},
-            needs_field="launch_tolerance",
-            about="evaluate_batch, a process slower to launch than the fastest replaced before it loads",
-        ),
-        Mode(
-            "pipeline-any-launch-level",
-            "batch",
-            {"launch_tolerance": None},
-            needs_field="launch_tolerance",
-            about="evaluate_batch, whatever launch level a process starts with kept (evaluator 0.8.0)",
         ),
         Mode(
             "pipeline-more-pairs",
             "batch",
-            {"timing_processes_max": 4},
-            needs_field="timing_processes_max",
+            {"timing.processes_max": 4},
+            needs_field="timing.processes_max",
             about="evaluate_batch, up to 4 process pairs while the pairs' speedups spread by more than 2%",
         ),
         Mode(
             "pipeline-reference-pool",
             "batch",
-            {"reference_processes": 4},
-            needs_field="reference_processes",
+            {"timing.reference_processes": 4},
+            needs_field="timing.reference_processes",
             about="evaluate_batch, each task's reference time pooled over 4 fresh processes per session",
         ),
         Mode(
             "pipeline-pool-pairs",
             "batch",
-            {"reference_processes": 4, "timing_processes_max": 4},
-            needs_field="reference_processes",
+            {"timing.reference_processes": 4, "timing.processes_max": 4},
+            needs_field="timing.reference_processes",
             about="evaluate_batch with the setting that met 2% at p90: a reference pool of 4 processes "
             "and up to 4 pairs while the pairs disagree",
         ),
         Mode(
             "pipeline-full-retime",
             "batch",
-            {"retime_correctness_trials": 5},
-            needs_field="retime_correctness_trials",
+            {"timing.retime_correctness_trials": 5},
+            needs_field="timing.retime_correctness_trials",
             about="evaluate_batch, every further process pair repeating all 5 correctness trials (0.8.5)",
         ),
         Mode(
@@ -217,8 +199,8 @@ MODES: dict[str, Mode] = {
         Mode(
             "pipeline-no-reuse",
             "batch",
-            {"reference_reuse": False},
-            needs_field="reference_reuse",
+            {"timing.reference_reuse": False},
+            needs_field="timing.reference_reuse",
             about="evaluate_batch, the reference run afresh for every candidate",
         ),
     )
@@ -384,15 +366,15 @@ def run_evaluator_mode(
     if mode.runner == "batch":
         settings.setdefault("lane_slots", args.lane_slots)
     build_root = tempfile.mkdtemp(prefix=f"kf-reward-{mode.name}-")
-    config = EvalConfig(
-        device=args.device,
-        profile=args.profile,
-        timing_trials=args.trials,
-        timeout_seconds=args.task_timeout,
-        compile_timeout_s=args.task_timeout,
-        cache_dir=build_root,
-        **settings,
-    )
+    base = {
+        "device": args.device,
+        "correctness.profile": args.profile,
+        "timing.trials": args.trials,
+        "limits.timeout_seconds": args.task_timeout,
+        "limits.compile_timeout_s": args.task_timeout,
+        "cache_dir": build_root,
+    }
+    config = EvalConfig.model_validate(grouped({**base, **settings}))
     deadline = time.monotonic() + bound
 
     def past_deadline(_: float) -> bool:
@@ -437,9 +419,6 @@ def run_evaluator_mode(
         lane=lanes.summary(),
         timing_lane_busy_share=metrics.get("timing_lane_busy_share"),
         lane_active_share=metrics.get("lane_active_share"),
-        launch_processes=metrics.get("launch_processes"),
-        launch_replaced=metrics.get("launch_replaced"),
-        launch_rechecked=metrics.get("launch_rechecked"),
         nvidia_smi_mean_utilization_pct=util.mean,
         nvidia_smi_sm_clock_mhz=util.clock_mhz,
         # Each candidate's own seconds per stage: where a batch's tail comes from.
@@ -640,7 +619,7 @@ def part_throughput(
         skip = None
         if mode is None:
             skip = f"unknown mode {name!r}; modes: {', '.join(MODES)}"
-        elif mode.needs_field and mode.needs_field not in EvalConfig.model_fields:
+        elif mode.needs_field and mode.needs_field not in leaf_fields(EvalConfig):
             skip = f"{name} skipped: this evaluator's EvalConfig has no {mode.needs_field!r} field"
         elif mode.runner == "kernelbench" and not cuda:
             skip = f"{name} skipped: no CUDA device (KernelBench's harness asserts CUDA)"
@@ -708,7 +687,7 @@ def part_variants(
     end = time.monotonic() + budget
     arms = list(args.variant_config)
     for position, overrides in enumerate(arms):
-        missing = sorted(set(overrides) - set(EvalConfig.model_fields))
+        missing = sorted(set(overrides) - set(leaf_fields(EvalConfig)))
         name = "pipeline" + "".join(f" {key}={value}" for key, value in overrides.items())
         if missing:
             out["modes"][name] = {"note": f"this evaluator has no field(s) {missing}"}
@@ -759,19 +738,18 @@ FIRST, SECOND = "\n# first process\n", "\n# second process\n"
 
 
 def repeat_settings(args: argparse.Namespace) -> list[EvalConfig]:
-    no_reuse = {"reference_reuse": False} if "reference_reuse" in EvalConfig.model_fields else {}
     base: dict[str, Any] = {
         "device": args.device,
-        "profile": args.profile,
-        "timing_trials": args.trials,
-        "speedup_recheck": None,
-        "timeout_seconds": args.task_timeout,
-        "compile_timeout_s": args.task_timeout,
+        "correctness.profile": args.profile,
+        "timing.trials": args.trials,
+        "timing.speedup_recheck": None,
+        "limits.timeout_seconds": args.task_timeout,
+        "limits.compile_timeout_s": args.task_timeout,
         "lane_slots": args.lane_slots,
-        "keep_samples": True,  # every timed call, for re-analysis (benchmarks/timing_estimators.py)
-        **no_reuse,
+        "timing.keep_samples": True,  # every timed call, for re-analysis (-samples.json.gz)
+        "timing.reference_reuse": False,
     }
-    return [EvalConfig(**{**base, **overrides}) for overrides in args.repeat_config]
+    return [EvalConfig.model_validate(grouped({**base, **overrides})) for overrides in args.repeat_config]
 
 
 def part_repeat(
@@ -853,7 +831,6 @@ def repeat_run(
         results = {
             index: [finished(f) if f.done() else None for f in futures] for index, futures in retimes.items()
         }
-        snapshot = evaluator.metrics.snapshot()
     runs = []
     for number, setting in enumerate(settings):
         pairs = []
@@ -878,10 +855,6 @@ def repeat_run(
     for run in runs:
         run["nvidia_smi_mean_utilization_pct"] = util.mean
         run["nvidia_smi_sm_clock_mhz"] = util.clock_mhz
-        # The evaluator's, over every setting of the run: processes measured for launch_tolerance, replaced.
-        run["launch_processes"] = snapshot.get("launch_processes")
-        run["launch_replaced"] = snapshot.get("launch_replaced")
-        run["launch_rechecked"] = snapshot.get("launch_rechecked")
     return runs
 
 
@@ -927,7 +900,7 @@ def repeat_row(name: str, first: EvaluationResult | None, second: EvaluationResu
 
 
 def named_settings(setting: EvalConfig, overrides: dict[str, str | None]) -> dict[str, Any]:
-    return {"lane_slots": setting.lane_slots, **{k: getattr(setting, k) for k in overrides}}
+    return {"lane_slots": setting.lane_slots, **{k: lookup(setting, k) for k in overrides}}
 
 
 def samples_of(result: EvaluationResult) -> dict[str, list[float]]:
@@ -1043,9 +1016,6 @@ def throughput_markdown(t: dict[str, Any]) -> list[str]:
             f"{cell(m['verdicts'])} |"
         )
     lines.append("")
-    for name, m in modes.items():
-        if m.get("launch_processes"):
-            lines.append(f"- {name}: {launch_note(m)}")
     for name, value in t.get("ratios", {}).items():
         lines.append(f"- {name}: {cell(value)}x")
     for note in t.get("notes", []):
@@ -1190,9 +1160,7 @@ def markdown(report: dict[str, Any]) -> str:
             f"p90 {r.get('p90_candidate_time_disagreement_50us_and_up', '-')}; nvidia-smi mean "
             f"{cell(r.get('nvidia_smi_mean_utilization_pct'))}%"
             f"{clock_note(r.get('nvidia_smi_sm_clock_mhz'))}; "
-            f"timing seconds per evaluation (median) {cell(r.get('timing_seconds_per_evaluation'))}"
-            + (f"; {launch_note(r)} (all settings)" if r.get("launch_processes") else "")
-            + ".",
+            f"timing seconds per evaluation (median) {cell(r.get('timing_seconds_per_evaluation'))}" + ".",
             "",
             "| task | first | second | disagreement | candidate time disagreement | candidate ms "
             "| reference IQR/median | candidate IQR/median |",
@@ -1230,26 +1198,23 @@ def split_samples(report: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str
     return plain, [run for run in runs if run["rows"]]
 
 
-def launch_note(part: dict[str, Any]) -> str:
-    """How many fresh processes launch_tolerance measured and replaced, over the devices."""
-    measured = sum(part.get("launch_processes", {}).values())
-    replaced = sum((part.get("launch_replaced") or {}).values())
-    rechecked = sum((part.get("launch_rechecked") or {}).values())
-    return (
-        f"{replaced} of {measured} processes replaced for a slow launch level "
-        f"({rechecked} levels measured again on a quiet device first)"
-    )
+def grouped(paths: dict[str, Any]) -> dict[str, Any]:
+    """Settings by path (`timing.processes`) as EvalConfig's groups: {"timing": {"processes": ...}}."""
+    out: dict[str, Any] = {}
+    for path, value in paths.items():
+        out = merged(out, nest(path, value))
+    return out
 
 
 def config_overrides(text: str) -> dict[str, str | None]:
-    """`a=1,b=false,c=none` -> {"a": "1", "b": "false", "c": None}; EvalConfig checks and converts
-    the values."""
+    """`timing.processes=1,lane_slots=2,timing.processes_max=none` -> {"timing.processes": "1", ...}:
+    EvalConfig settings by path; EvalConfig checks and converts the values."""
     if not text.strip():
         return {}
     pairs = [item.split("=", 1) for item in text.split(",") if item.strip()]
-    bad = [item for item in pairs if len(item) != 2 or item[0].strip() not in EvalConfig.model_fields]
+    bad = [item for item in pairs if len(item) != 2 or item[0].strip() not in leaf_fields(EvalConfig)]
     if bad:
-        raise argparse.ArgumentTypeError(f"expected FIELD=VALUE pairs of EvalConfig fields, got {bad}")
+        raise argparse.ArgumentTypeError(f"expected PATH=VALUE pairs of EvalConfig settings, got {bad}")
     return {key.strip(): None if value.strip().lower() == "none" else value.strip() for key, value in pairs}
 
 
@@ -1319,7 +1284,7 @@ def main() -> int:
         "--repeat-config",
         type=config_settings,
         default=[{}],
-        help="EvalConfig fields for the repeat part, e.g. lane_slots=1,compile_workers=1; several "
+        help="EvalConfig settings by path for the repeat part, e.g. lane_slots=1,timing.processes=1; several "
         "settings separated by ';' run side by side",
     )
     parser.add_argument(
@@ -1349,9 +1314,9 @@ def main() -> int:
     parser.add_argument(
         "--variant-config",
         type=config_settings,
-        default=[{}, {"reference_processes": "4"}],
+        default=[{}, {"timing.reference_processes": "4"}],
         help="EvalConfig fields of each setting the variants part runs, one after the other, separated "
-        "by ';' (the first is the baseline); default: the defaults, then reference_processes=4",
+        "by ';' (the first is the baseline); default: the defaults, then timing.reference_processes=4",
     )
     parser.add_argument(
         "--variant-rows",

@@ -185,7 +185,9 @@ def main() -> int:
     if not (1 <= args.slow_sockets <= 200 and 0 < args.attack_s <= 600 and 1 <= args.clients <= 1000):
         parser.error("bounded: 1-200 slow sockets, at most 600 s of attack, 1-1000 clients")
 
-    config = EvalConfig(device="cpu", correctness_trials=2, timing_trials=5, warmup=1, lane_slots=2)
+    config = EvalConfig(
+        device="cpu", correctness={"trials": 2}, timing={"trials": 5, "warmup": 1}, lane_slots=2
+    )
     limits = ServiceLimits()
     began = time.monotonic()
     with Evaluator(config) as evaluator:

@@ -15,7 +15,7 @@ Usage (starts its own MinIO from $KERNELFLEET_BIN_DIR, the build script's cache 
     .venv/bin/python benchmarks/store_bench.py --large-mib 64  # quicker
     .venv/bin/python benchmarks/store_bench.py --use-env       # an existing server: KERNELFLEET_S3_*
 
-Results go to benchmarks/results/store_bench.md (a table) and store_bench.json (the numbers).
+Results go to --out (benchmarks/results): store_bench.md (a table) and store_bench.json (the numbers).
 """
 
 from __future__ import annotations
@@ -341,7 +341,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parallel-parts", type=int, default=4, help="parts uploaded at once")
     parser.add_argument("--rounds", type=int, default=3, help="repetitions; the best of each is reported")
     parser.add_argument("--use-env", action="store_true", help="use the server from KERNELFLEET_S3_*")
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "store_bench.md")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=ROOT / "benchmarks" / "results",
+        help="folder for store_bench.md and .json",
+    )
     args = parser.parse_args(argv)
 
     workdir = Path(tempfile.mkdtemp(prefix="kernelfleet-store-bench-"))
@@ -386,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
                 for round_ in range(args.rounds):
                     print(f"round {round_ + 1} of {args.rounds}", flush=True)
                     samples += large_file(raw, store, bucket, source, workdir, round_)
-            report(best_of(samples), samples, settings, args.out)
+            report(best_of(samples), samples, settings, args.out / "store_bench.md")
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     return 0

@@ -106,7 +106,7 @@ def _example(minio: Any, name: str) -> dict[str, Any]:
         verifyOn=[],
         policies=[{"kind": "replay", "path": f"s3://{minio.bucket}/candidates.jsonl"}],
         budget={"rounds": 1, "samplesPerRound": 2},
-        evaluation={"profile": "strict", "correctnessTrials": 1, "timingTrials": 10, "warmup": 1},
+        evaluation={"correctness": {"profile": "strict", "trials": 1}, "timing": {"trials": 10, "warmup": 1}},
         parallelism=2,
         tasksPerIndex=2,
     )

@@ -136,7 +136,7 @@ def test_the_whole_path_apply_to_results(cluster: Any, minio: Any, tmp_path: Pat
                 gpuClasses=["h200"],
                 policies=[{"kind": "replay", "path": f"s3://{minio.bucket}/candidates.jsonl"}],
                 budget={"rounds": 1, "samplesPerRound": 2},
-                evaluation={"timingTrials": 10, "correctnessTrials": 1, "warmup": 1},
+                evaluation={"timing": {"trials": 10, "warmup": 1}, "correctness": {"trials": 1}},
                 parallelism=2,
                 tasksPerIndex=2,
             ),

@@ -134,7 +134,7 @@ class Setup:
                 "gpuClass": "runner",
                 "gpus": 1,
                 "rewardGpus": 0,
-                "evaluation": {"correctnessTrials": 1, "timingTrials": 10},
+                "evaluation": {"correctness": {"trials": 1}, "timing": {"trials": 10}},
             },
         }
         made = self.cluster.custom.create_namespaced_custom_object(

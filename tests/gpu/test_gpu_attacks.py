@@ -3,7 +3,7 @@ GPU device files pass through the sandbox (an honest candidate runs on the GPU),
 attack gets its expected verdict and leaves no mark outside.
 
 Run on the GPU machine: `python -m pytest -m gpu tests/gpu/test_gpu_attacks.py` (scripts/
-gpu-check.sh --attacks also prints the table of benchmarks/attacks.py).
+gpu-check.sh runs it with the GPU tier; `python -m benchmarks attacks` prints the table).
 """
 
 from __future__ import annotations
@@ -30,24 +30,24 @@ pytestmark = [
 
 GPU: dict[str, Any] = {
     "device": "cuda:0",
-    "correctness_trials": 2,
-    "timing_trials": 20,
-    "warmup": 3,
-    "max_speedup_cv": None,
-    "timing_retries": 1,
-    "speedup_recheck": None,
-    "timing_processes": 1,  # one pair: these tests are about what happens inside one
-    "timeout_seconds": 300.0,
-    "memory_limit": "8Gi",
-    "scratch_bytes": 256 * 1024**2,
     "seed": 20261201,
+    "correctness": {"trials": 2},
+    "timing": {
+        "trials": 20,
+        "warmup": 3,
+        "max_speedup_cv": None,
+        "retries": 1,
+        "speedup_recheck": None,
+        "processes": 1,  # one pair: these tests are about what happens inside one
+    },
+    "limits": {"timeout_seconds": 300.0, "memory": "8Gi", "scratch_bytes": 256 * 1024**2},
 }
 TASK = Task(name="matmul", code=C.MATMUL_TASK)
 
 
 @pytest.fixture(scope="module")
 def evaluator() -> Iterator[Evaluator]:
-    with Evaluator(EvalConfig(**GPU)) as shared:
+    with Evaluator(EvalConfig.model_validate(GPU)) as shared:
         yield shared
 
 

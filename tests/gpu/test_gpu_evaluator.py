@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+from kernelfleet.core.settings import merged
+
 torch = pytest.importorskip("torch")
 
 from kernelfleet.core.models import EvaluationResult, Task, Verdict  # noqa: E402
@@ -27,14 +29,15 @@ pytestmark = [
 
 GPU = {
     "device": "cuda:0",
-    "correctness_trials": 3,
-    "timing_trials": 20,
-    "warmup": 3,
-    "max_speedup_cv": None,
-    "speedup_recheck": None,
-    "timing_processes": 1,  # one pair: these tests are about what happens inside one
-    "timeout_seconds": 300.0,
-    "compile_timeout_s": 600.0,
+    "correctness": {"trials": 3},
+    "timing": {
+        "trials": 20,
+        "warmup": 3,
+        "max_speedup_cv": None,
+        "speedup_recheck": None,
+        "processes": 1,  # one pair: these tests are about what happens inside one
+    },
+    "limits": {"timeout_seconds": 300.0, "compile_timeout_s": 600.0},
 }
 
 BIG_MATMUL_TASK = C.MATMUL_TASK.replace("N = 128", "N = 2048")
@@ -219,7 +222,7 @@ class ModelNew(nn.Module):
 
 
 def judge(task_code: str, candidate: str, **overrides: Any) -> EvaluationResult:
-    with Evaluator(EvalConfig(**{**GPU, **overrides})) as evaluator:
+    with Evaluator(EvalConfig.model_validate(merged(GPU, overrides))) as evaluator:
         return evaluator.evaluate(Task(name="gpu", code=task_code), candidate)
 
 
@@ -246,7 +249,9 @@ def test_a_gpu_timing_without_its_stream_figures_is_rejected() -> None:
 
 def test_load_inline_kernel_honest_stale_and_illegal_access() -> None:
     task = Task(name="elementwise", code=ELEMENTWISE_TASK)
-    with Evaluator(EvalConfig(**GPU, require_kernel=True)) as evaluator:
+    with Evaluator(
+        EvalConfig.model_validate(merged({"correctness": {"require_kernel": True}}, GPU))
+    ) as evaluator:
         honest, stale, crash, after = evaluator.evaluate_batch(
             [
                 (task, extension("scale_add")),
@@ -265,9 +270,9 @@ def test_load_inline_kernel_honest_stale_and_illegal_access() -> None:
 
 
 def test_triton_kernel_passes_and_one_never_launched_is_caught() -> None:
-    honest = judge(ELEMENTWISE_TASK, TRITON_KERNEL, require_kernel=True)
+    honest = judge(ELEMENTWISE_TASK, TRITON_KERNEL, correctness={"require_kernel": True})
     assert honest.verdict == Verdict.CORRECT, (honest.reasons, honest.log)
-    idle = judge(ELEMENTWISE_TASK, TRITON_NEVER_LAUNCHED, require_kernel=True)
+    idle = judge(ELEMENTWISE_TASK, TRITON_NEVER_LAUNCHED, correctness={"require_kernel": True})
     assert idle.verdict == Verdict.REJECTED, idle.reasons
     assert R.codes(idle.reasons) & {R.CUSTOM_KERNEL_NOT_RUN, R.REFERENCE_FALLBACK, R.TORCH_FALLBACK}
 
@@ -287,9 +292,9 @@ def test_cuda_out_of_memory_is_a_clear_verdict() -> None:
 def test_the_l2_flush_is_larger_than_the_cache_and_runs_before_every_call() -> None:
     from kernelfleet.evaluator._timing import InputBank, Subject, run_timing
 
-    config = EvalConfig(**GPU)
+    config = EvalConfig.model_validate(GPU)
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    assert config.resolved_flush_bytes(on_cuda=True) >= 4 * l2
+    assert config.timing.resolved_flush_bytes(on_cuda=True) >= 4 * l2
     device = torch.device("cuda:0")
     bank = InputBank([[torch.randn(1024, device=device)]])
     flushes: list[int] = []
@@ -302,7 +307,7 @@ def test_the_l2_flush_is_larger_than_the_cache_and_runs_before_every_call() -> N
         device=device,
         warmup=1,
         trials=10,
-        flush_bytes=config.resolved_flush_bytes(on_cuda=True),
+        flush_bytes=config.timing.resolved_flush_bytes(on_cuda=True),
         rng=random.Random(0),
         on_flush=lambda: flushes.append(1),
     )
@@ -311,7 +316,7 @@ def test_the_l2_flush_is_larger_than_the_cache_and_runs_before_every_call() -> N
 
 
 def test_baselines_on_the_gpu() -> None:
-    with Evaluator(EvalConfig(**GPU, baseline_trials=10)) as evaluator:
+    with Evaluator(EvalConfig.model_validate(merged({"timing": {"baseline_trials": 10}}, GPU))) as evaluator:
         timings, missing = evaluator.baselines_detail(Task(name="elementwise", code=ELEMENTWISE_TASK))
     assert {"eager", "cudagraph"} <= set(timings), missing
     assert set(timings) | set(missing) == {"eager", "compile", "compile-reduce-overhead", "cudagraph"}
@@ -321,43 +326,10 @@ def test_baselines_on_the_gpu() -> None:
 def test_a_batch_over_all_gpus() -> None:
     task = Task(name="matmul", code=C.MATMUL_TASK)
     items = [(task, C.HONEST + f"\n# variant {i}\n") for i in range(2 * torch.cuda.device_count())]
-    with Evaluator(EvalConfig(**{**GPU, "device": "cuda"})) as evaluator:
+    with Evaluator(EvalConfig.model_validate({**GPU, "device": "cuda"})) as evaluator:
         results = evaluator.evaluate_batch(items, progress=False)
     assert all(r.verdict == Verdict.CORRECT for r in results), [r.reasons for r in results]
     assert all(r.environment.gpu_class not in ("cpu", "") for r in results)
-
-
-def test_pinned_processes_run_on_the_cpus_local_to_the_gpu() -> None:
-    """pin_processes on a real GPU: the lane knows its GPU's local CPUs (sysfs, by the PCI
-    address the probe reports), a child starts on them, and an evaluation still times."""
-    config = EvalConfig(**{**GPU, "pin_processes": True})
-    with Evaluator(config) as evaluator:
-        lane = evaluator._probe_lanes()[0]
-        if not lane.local_cpus:
-            pytest.skip("this machine does not say which CPUs are local to the GPU")
-        probe = evaluator._judge_job({"op": "probe", "config": config.model_dump(mode="json")}, lane, 120)
-        assert probe.answer is not None and probe.answer["cpus"] == list(lane.local_cpus)
-        result = evaluator.evaluate(Task(name="gpu", code=C.MATMUL_TASK), C.HONEST)
-    assert result.verdict == Verdict.CORRECT, result.reasons
-    assert result.environment.evaluator_version.endswith(".localcpus")
-
-
-def test_launch_levels_are_measured_on_the_gpu_and_the_evaluation_times() -> None:
-    """launch_tolerance on a real GPU: every process of the pairs measures its launch level before
-    it loads anything, the lane's floor learns the fastest, and the evaluations still time. Which
-    processes were replaced is the machine's business: the test only holds the bookkeeping to what
-    ran."""
-    config = EvalConfig(**{**GPU, "launch_tolerance": 0.04, "timing_processes": 2})
-    with Evaluator(config) as evaluator:
-        results = [evaluator.evaluate(Task(name="gpu", code=C.MATMUL_TASK), C.HONEST) for _ in range(2)]
-        floor = evaluator._probe_lanes()[0].launch
-    assert all(r.verdict == Verdict.CORRECT for r in results), [r.reasons for r in results]
-    assert all(r.speedup is not None and "launch_level" in r.stages for r in results)
-    assert floor.best_us is not None and floor.best_us > 0
-    # two evaluations of two pairs: 8 processes kept, each after at most 3 replacements
-    assert 8 <= floor.processes <= 8 * (1 + config.launch_rerolls)
-    assert floor.replaced == floor.processes - 8
-    assert results[0].environment.evaluator_version.endswith(".launch0.04")
 
 
 def test_device_tensors_cross_the_exchange_files_bit_for_bit(tmp_path: Any) -> None:
@@ -410,7 +382,7 @@ def test_a_candidates_gpu_process_is_stopped_while_a_neighbour_times(monkeypatch
     from tests.support.held import observe_holds
 
     seen = observe_holds(monkeypatch)
-    config = EvalConfig(**GPU, lane_slots=3, exclusive_timing=True)
+    config = EvalConfig.model_validate(merged({"lane_slots": 3, "timing": {"exclusive": True}}, GPU))
     task = Task(name="matmul", code=C.MATMUL_TASK)
     candidates = [GPU_NEIGHBOUR, C.HONEST + "\n# 1\n", C.HONEST + "\n# 2\n"]
     with Evaluator(config) as evaluator:

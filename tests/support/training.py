@@ -17,13 +17,15 @@ EXAMPLE_CANDIDATES = ROOT / "examples" / "candidates.jsonl"
 
 # The evaluator with the fewest trials that still runs the whole protocol in a child process.
 FAST_EVAL: dict[str, Any] = {
-    "correctness_trials": 1,
-    "timing_trials": 5,
-    "warmup": 1,
-    "speedup_recheck": None,
-    "timing_processes": 1,  # one pair: these tests are about what happens inside one
-    "max_speedup_cv": None,
-    "baseline_modes": ("eager",),
+    "correctness": {"trials": 1},
+    "timing": {
+        "trials": 5,
+        "warmup": 1,
+        "speedup_recheck": None,
+        "processes": 1,  # one pair: these tests are about what happens inside one
+        "max_speedup_cv": None,
+        "baseline_modes": ("eager",),
+    },
 }
 
 

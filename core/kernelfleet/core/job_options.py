@@ -29,7 +29,13 @@ BUDGET_OPTIONS = ModelOptions(
 )
 EVALUATION_OPTIONS = ModelOptions(
     EvaluationSettings,
-    Flag("timeout_seconds", "--timeout", parse=parse_duration, metavar="DURATION"),
-    Flag("memory_limit", metavar="SIZE"),
-    Flag("min_isolation", metavar="LEVEL"),
+    Flag("correctness.profile", ("--correctness-profile", "--profile")),
+    Flag(
+        "limits.timeout_seconds",
+        ("--limits-timeout-seconds", "--timeout"),
+        parse=parse_duration,
+        metavar="DURATION",
+    ),
+    Flag("limits.memory", metavar="SIZE"),
+    Flag("isolation.min_level", metavar="LEVEL"),
 )

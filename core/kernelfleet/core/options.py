@@ -6,9 +6,11 @@
     args = parser.parse_args()
     settings = budget.build(args)          # a Budget; only the flags the user gave are passed
 
-Every field of the model becomes a flag (`timing_trials` -> `--timing-trials`) unless the
-model's fields are narrowed with `only=` or `skip=`; a `Flag` renames one or gives it a parser
-of its own (durations). The help text is the field's description followed by its default. A
+Every field of the model becomes a flag unless the fields are narrowed with `only=` or `skip=`;
+a field that is itself a settings model (a group, kopf-style) contributes its fields, named by
+their path: `timing.trials` is `--timing-trials`, as it is `evaluation.timing.trials` in a job
+spec. A `Flag` renames one (by its path) or gives it a parser of its own (durations). The
+help text is the field's description followed by its default. A
 value is validated by the model itself as soon as argparse reads it, so `--timing-trials 2`
 fails with "argument --timing-trials: 2: input should be greater than or equal to 3", naming
 the option the user typed, never the internal field name. Values the model checks across
@@ -29,9 +31,11 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ValidationError
+from pydantic.alias_generators import to_camel
 from pydantic.fields import FieldInfo
 
 from kernelfleet.core.errors import UsageError
+from kernelfleet.core.settings import merged
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -67,6 +71,42 @@ def _plain_type(annotation: Any) -> Any:
     return annotation
 
 
+def _group(annotation: Any) -> type[BaseModel] | None:
+    """The settings model a field holds, when it is a group of settings; else None."""
+    kind = _plain_type(annotation)
+    return kind if isinstance(kind, type) and issubclass(kind, BaseModel) else None
+
+
+def leaf_fields(model: type[BaseModel], prefix: str = "") -> dict[str, FieldInfo]:
+    """Every setting of `model` by its path (`timing.trials`), groups opened, in declaration order."""
+    out: dict[str, FieldInfo] = {}
+    for name, info in model.model_fields.items():
+        group = _group(info.annotation)
+        if group is not None:
+            out.update(leaf_fields(group, f"{prefix}{name}."))
+        else:
+            out[prefix + name] = info
+    return out
+
+
+def nest(path: str, value: Any) -> dict[str, Any]:
+    """`("timing.trials", 7)` -> `{"timing": {"trials": 7}}`."""
+    head, _, rest = path.partition(".")
+    return {head: nest(rest, value) if rest else value}
+
+
+def lookup(values: BaseModel, path: str) -> Any:
+    """The value at `path` in a model (`lookup(config, "timing.trials")`)."""
+    value: Any = values
+    for part in path.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _camel(path: str) -> str:
+    return ".".join(to_camel(part) for part in path.split("."))
+
+
 def _message(error: ValidationError) -> str:
     first = error.errors()[0]
     text = str(first["msg"])
@@ -89,11 +129,11 @@ class ModelOptions(Generic[M]):
         self.model = model
         self.title = title
         overrides = {flag.field: flag for flag in flags}
-        fields = model.model_fields
-        unknown = sorted(set(overrides) - set(fields))
+        self._fields = leaf_fields(model)
+        unknown = sorted((set(overrides) | set(only or ())) - set(self._fields))
         if unknown:
             raise ValueError(f"{model.__name__} has no field(s) {unknown}")
-        chosen = list(only) if only is not None else [name for name in fields if name not in set(skip)]
+        chosen = list(only) if only is not None else [name for name in self._fields if name not in set(skip)]
         self._flags = {name: overrides.get(name, Flag(name)) for name in chosen}
 
     # ------------------------------------------------------------------ building the parser
@@ -103,14 +143,14 @@ class ModelOptions(Generic[M]):
         flag = self._flags[field]
         if flag.names:
             return (flag.names,) if isinstance(flag.names, str) else tuple(flag.names)
-        info = self.model.model_fields[field]
-        stem = field.replace("_", "-")
+        info = self._fields[field]
+        stem = field.replace(".", "-").replace("_", "-")
         if _plain_type(info.annotation) is bool and info.default is True:
             return (f"--no-{stem}",)
         return (f"--{stem}",)
 
     def dest(self, field: str) -> str:
-        return self._flags[field].dest or field
+        return self._flags[field].dest or field.replace(".", "__")
 
     def add_to(self, parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
         """Add one option per field (in a group named `title`, when given)."""
@@ -118,7 +158,7 @@ class ModelOptions(Generic[M]):
         if self.title is not None and isinstance(parser, argparse.ArgumentParser):
             target = parser.add_argument_group(self.title)
         for field, flag in self._flags.items():
-            info = self.model.model_fields[field]
+            info = self._fields[field]
             kind = _plain_type(info.annotation)
             help_text = self._help(field, flag, info)
             names = self.names(field)
@@ -135,7 +175,7 @@ class ModelOptions(Generic[M]):
             choices = None
             if isinstance(kind, type) and issubclass(kind, enum.Enum):
                 choices = [member.value for member in kind]
-            metavar = flag.metavar or _METAVARS.get(kind, field.upper())
+            metavar = flag.metavar or _METAVARS.get(kind, field.rsplit(".", 1)[-1].upper())
             target.add_argument(
                 *names,
                 dest=self.dest(field),
@@ -175,12 +215,14 @@ class ModelOptions(Generic[M]):
             if flag.parse is not None:
                 value = flag.parse(text)
             try:
-                checked = model.model_validate({field: value})
+                checked = model.model_validate(nest(field, value))
             except ValidationError as error:
                 raise argparse.ArgumentTypeError(f"{text}: {_message(error)}") from None
-            return getattr(checked, field)
+            return lookup(checked, field)
 
-        convert.__name__ = field  # argparse names the type in "invalid <type> value" messages
+        convert.__name__ = field.rsplit(".", 1)[
+            -1
+        ]  # argparse names the type in "invalid <type> value" messages
         return convert
 
     def argv(self, values: M) -> list[str]:
@@ -190,8 +232,8 @@ class ModelOptions(Generic[M]):
         from the default, since it can say one value."""
         words: list[str] = []
         for field, flag in self._flags.items():
-            info = self.model.model_fields[field]
-            value = getattr(values, field)
+            info = self._fields[field]
+            value = lookup(values, field)
             if value is None:
                 continue
             if _plain_type(info.annotation) is bool and flag.parse is None:
@@ -203,12 +245,12 @@ class ModelOptions(Generic[M]):
     # ------------------------------------------------------------------ reading the parsed flags
 
     def given(self, args: argparse.Namespace) -> dict[str, Any]:
-        """The fields the user set on the command line, by field name."""
-        values = {}
+        """The fields the user set on the command line, nested as the model's groups are."""
+        values: dict[str, Any] = {}
         for field in self._flags:
             value = getattr(args, self.dest(field), None)
             if value is not None:
-                values[field] = value
+                values = merged(values, nest(field, value))
         return values
 
     def build(self, args: argparse.Namespace, **extra: Any) -> M:
@@ -217,17 +259,21 @@ class ModelOptions(Generic[M]):
 
     def build_from(self, values: Mapping[str, Any], **extra: Any) -> M:
         try:
-            return self.model.model_validate({**values, **extra})
+            return self.model.model_validate(merged(dict(values), extra))
         except ValidationError as error:
             raise UsageError(self.explain(error)) from None
 
     def explain(self, error: ValidationError) -> str:
         """A validation error of this model, in terms of the flags."""
         problems = []
-        aliases = {info.alias: name for name, info in self.model.model_fields.items() if info.alias}
         for item in error.errors():
-            loc = item["loc"]
-            field = aliases.get(str(loc[0]), str(loc[0])) if loc else ""
+            # The path of the setting, by field name (the location may use camelCase aliases).
+            names = {_camel(path): path for path in self._fields} | {path: path for path in self._fields}
+            loc = [str(part) for part in item["loc"]]
+            field = next(
+                (names[".".join(loc[:n])] for n in range(len(loc), 0, -1) if ".".join(loc[:n]) in names),
+                ".".join(loc),
+            )
             where = "/".join(self.names(field)) if field in self._flags else field or self.model.__name__
             text = str(item["msg"]).removeprefix("Value error, ")
             problems.append(f"{where}: {text[:1].lower() + text[1:]}")

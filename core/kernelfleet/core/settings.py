@@ -4,20 +4,31 @@ The same models serve the custom resources (`OptimizationJobSpec.budget`, `.eval
 runtime (the search loop takes a `Budget`; the evaluator's `EvalConfig` extends
 `EvaluationSettings`) and the command line (`kernelfleet.core.options` generates the flags from
 the fields). A default, a bound or a help text therefore lives in exactly one place: the field.
-Adding an evaluation knob is one field here; the job spec, the CRD (after
+Adding an evaluation setting is one field in its group here; the job spec, the CRD (after
 `scripts/generate-crds.py`), `kernelfleet optimize` and `kernelfleet eval` all pick it up.
 
-Field names are snake_case in Python and camelCase in a resource (`wallTimeSeconds`), as
-Kubernetes users expect; both spellings are accepted on input.
+Evaluation settings are grouped by topic, kopf-style (`correctness`, `timing`, `isolation`,
+`limits`), and a setting's path is its name everywhere: `timing.processes` in Python,
+`evaluation.timing.processes` in a resource, `--timing-processes` on the command line. Field
+names are snake_case in Python and camelCase in a resource (`wallTimeSeconds`), as Kubernetes
+users expect; both spellings are accepted on input.
 """
 
 from __future__ import annotations
 
 import enum
 import hashlib
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 
@@ -182,74 +193,91 @@ class Budget(Settings):
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-class EvaluationSettings(Settings):
-    """What an evaluation measures and how strictly: the knobs a user sets on the command line,
-    in a job spec, or in the evaluator's `EvalConfig` (which extends this model)."""
+class CorrectnessSettings(Settings):
+    """How a candidate is proven correct (`evaluation.correctness`)."""
 
     profile: EvaluationProfile = Field(
         default=EvaluationProfile.STRICT,
         description="Correctness rules: strict, strict-tf32 or kernelbench-v0 (see docs/evaluator.md).",
     )
-    correctness_trials: int = Field(
+    trials: int = Field(
         default=5, ge=1, le=1000, description="Correctness checks, each with a fresh seed and inputs."
     )
-    timing_trials: int = Field(
-        default=100, ge=3, le=100000, description="Timed calls of each side, per timing batch."
-    )
-    warmup: int = Field(default=10, ge=1, le=10000, description="Untimed interleaved rounds before timing.")
     require_kernel: bool = Field(
         default=False, description="Demand a custom CUDA/C++ or Triton kernel; plain PyTorch is rejected."
     )
-    timing_processes: int = Field(
+
+
+class TimingSettings(Settings):
+    """How a correct candidate is timed against its reference (`evaluation.timing`)."""
+
+    trials: int = Field(
+        default=100, ge=3, le=100000, description="Timed calls of each side, per timing batch."
+    )
+    warmup: int = Field(default=10, ge=1, le=10000, description="Untimed interleaved rounds before timing.")
+    processes: int = Field(
         default=2,
         ge=1,
         le=4,
-        description="Fresh process pairs (judge and candidate) that time a correct candidate; their "
-        "calls are pooled into one speedup (the geometric mean of the pairs' own) whose interval also "
-        "spans each pair's own. A process keeps a small offset for its whole life (on the H200 1-3 us per "
-        "short call, a few per cent of a 50 us call, and 20% for one cuDNN convolution with the same "
-        "kernels in every process), which no number of rounds inside it averages out; more pairs do. On "
-        "the H200, re-evaluating a candidate agreed within 1.6% and 0.55% at p90 with two pairs (two runs "
-        "of 40 tasks, candidates of 50 us and more) against 2.5-7.5% with one, for a third fewer "
-        "evaluations per hour (docs/evaluator.md). Each pair loads the candidate in fresh processes "
-        "and checks it again (one correctness trial after the first pair), and the pairs after the "
-        "first are the re-check of a speedup at or above speedup_recheck. 1: one pair, as KernelBench.",
+        description="Fresh process pairs (judge and candidate) that time a correct candidate: the speedup is "
+        "the geometric mean of the pairs' own, and its interval spans each pair's. Each pair loads the "
+        "candidate afresh and checks it again; the pairs after the first are the re-check of a speedup at or "
+        "above timing.speedup_recheck. 1: one pair, as KernelBench.",
     )
-    timing_processes_max: int | None = Field(
+    processes_max: int | None = Field(
         default=None,
         ge=1,
         le=8,
-        description="More fresh process pairs, up to this many in all, while the pairs' speedups (each "
-        "pair's ratio of medians) spread by more than pair_tolerance, largest over smallest: a candidate "
-        "whose processes disagree is timed until their geometric mean has more processes under it, "
-        "and one whose pairs agree costs nothing more. One more starts only while timeout_seconds has"
-        " room for twice what a pair took. At least timing_processes; equal to it: exactly that many "
-        "pairs. Off by default (`kernelfleet eval serve` sets 4 unless told otherwise): side by side "
-        "on the H200 (with launch_tolerance 0.04) a candidate whose reference takes one of two modes "
-        "per process still came 9% apart, since two pairs can agree on either mode, for 2.7x the "
-        "timing time; without it, on an H100, p90 4.58% against 4.5% for 18% fewer evaluations per "
-        "hour. With reference_processes 4, whose one reference figure leaves the candidate's own "
-        "spread to decide, re-timings on two H100s agreed within p90 1.04% and 1.09% against 1.83% "
-        "and 5.26% for the defaults (docs/evaluator.md). None: exactly timing_processes pairs.",
+        description="Time more fresh process pairs, up to this many in all, while the pairs' speedups spread "
+        "by more than timing.pair_tolerance (largest over smallest); one more starts only while "
+        "limits.timeout_seconds has room for twice what a pair took. At least timing.processes; "
+        "`kernelfleet eval serve` sets 4. None: exactly timing.processes pairs.",
     )
     reference_processes: int | None = Field(
         default=None,
         ge=0,
         le=16,
-        description="Make each task's reference time once per evaluator session: the geometric mean of its "
-        "medians in this many fresh processes (a task's first evaluation times more process pairs until "
-        "it has them). Every candidate of the task is then measured against that figure, so that a "
-        "re-timing differs only by what the candidate does. Every evaluation still times the reference "
-        "beside its candidate, and one whose reference falls outside the pool's range keeps its own paired "
-        "speedup. On an H100, re-timings agreed within p90 2.88% with 4 against 7.66% without (2:61's "
-        "cuDNN reference, whose time has two modes per process: 0.26% against 7.66%), and with "
-        "timing_processes_max 4 as well within 1.04% and 1.09% on two H100s. On 16 candidates of 16 tasks "
-        "it cost 18% of the evaluations per hour; it pays where many candidates share a task (RL, "
-        "optimisation rounds; docs/evaluator.md); with candidates in flight together, each brings its "
-        "own pairs to the pool, and 4 variants of each of 6 tasks cost nothing (1202 against 1173 per "
-        "GPU-hour). `kernelfleet eval serve` sets 4 unless told otherwise; 0 turns it off there. None: "
-        "each evaluation's own pairs, as 0.",
+        description="Time each task's reference once per evaluator session, as the geometric mean of its "
+        "medians in this many fresh processes, and measure every candidate of the task against that figure; "
+        "an evaluation whose own reference falls outside the pool's range keeps its paired speedup. "
+        "`kernelfleet eval serve` sets 4 (0 turns it off there). None: each evaluation's own pairs, as 0.",
     )
+
+    @field_validator("reference_processes")
+    @classmethod
+    def _a_pool_of_several(cls, value: int | None) -> int | None:
+        if value == 1:
+            raise ValueError(
+                "timing.reference_processes 1 would pool a single process, which is what each evaluation's "
+                "own pairs already give: set 0 (off) or 2 and more"
+            )
+        return value
+
+    @field_validator("processes_max")
+    @classmethod
+    def _at_least_processes(cls, value: int | None, info: ValidationInfo) -> int | None:
+        pairs = info.data.get("processes")
+        if value is not None and pairs is not None and value < pairs:
+            raise ValueError(
+                f"timing.processes_max ({value}) is below timing.processes ({pairs}): set it to "
+                f"{pairs} or more, or leave it unset for exactly timing.processes pairs"
+            )
+        return value
+
+
+class IsolationSettings(Settings):
+    """How candidates are walled in (`evaluation.isolation`; docs/sandbox.md)."""
+
+    min_level: IsolationLevel | None = Field(
+        default=None,
+        description="Refuse to evaluate on a machine that cannot wall candidates in at least this well: "
+        "process, landlock, bubblewrap or bubblewrap+landlock (docs/sandbox.md). None: any level.",
+    )
+
+
+class LimitSettings(Settings):
+    """The bounds one evaluation keeps (`evaluation.limits`)."""
+
     timeout_seconds: float = Field(
         default=300.0,
         gt=0,
@@ -258,38 +286,81 @@ class EvaluationSettings(Settings):
         "re-check together; waiting for the device excluded) before its processes are killed and the "
         "verdict is timeout.",
     )
-    memory_limit: MemorySize | None = Field(
+    memory: MemorySize | None = Field(
         default=None,
         description="Host memory a candidate's process may allocate, e.g. 8G or 16Gi. None: half of "
         "the machine's memory.",
     )
-    min_isolation: IsolationLevel | None = Field(
-        default=None,
-        description="Refuse to evaluate on a machine that cannot wall candidates in at least this well: "
-        "process, landlock, bubblewrap or bubblewrap+landlock (docs/sandbox.md). None: any level.",
-    )
 
     @property
-    def memory_limit_bytes(self) -> int | None:
-        return parse_bytes(self.memory_limit) if self.memory_limit else None
+    def memory_bytes(self) -> int | None:
+        return parse_bytes(self.memory) if self.memory else None
 
-    @field_validator("reference_processes")
-    @classmethod
-    def _a_pool_of_several(cls, value: int | None) -> int | None:
-        if value == 1:
-            raise ValueError(
-                "reference_processes 1 would pool a single process, which is what each evaluation's own "
-                "pairs already give: set 0 (off) or 2 and more"
-            )
-        return value
 
-    @field_validator("timing_processes_max")
-    @classmethod
-    def _at_least_timing_processes(cls, value: int | None, info: ValidationInfo) -> int | None:
-        pairs = info.data.get("timing_processes")
-        if value is not None and pairs is not None and value < pairs:
+# The flat names of evaluator 0.8.9 and before, with where each setting now lives: a flat key is
+# refused with its new place named, so that an old job spec or command line fails clearly.
+FLAT_EVALUATION_KEYS: dict[str, str] = {
+    "profile": "correctness.profile",
+    "correctness_trials": "correctness.trials",
+    "require_kernel": "correctness.require_kernel",
+    "timing_trials": "timing.trials",
+    "warmup": "timing.warmup",
+    "timing_processes": "timing.processes",
+    "timing_processes_max": "timing.processes_max",
+    "reference_processes": "timing.reference_processes",
+    "min_isolation": "isolation.min_level",
+    "timeout_seconds": "limits.timeout_seconds",
+    "memory_limit": "limits.memory",
+}
+
+
+def refuse_flat_keys(data: Any, moved: dict[str, str]) -> None:
+    """Raise ValueError naming the new place of any key of `data` in `moved` (snake_case or
+    camelCase), so that `timing_trials: 7` says to write `timing.trials`."""
+    if not isinstance(data, dict):
+        return
+    for key in data:
+        name = next((old for old in moved if key in (old, to_camel(old))), None)
+        if name is not None:
+            where = moved[name]
+            camel = ".".join(to_camel(part) for part in where.split("."))
             raise ValueError(
-                f"timing_processes_max ({value}) is below timing_processes ({pairs}): set it to "
-                f"{pairs} or more, or leave it unset for exactly timing_processes pairs"
+                f"{key} is now {where} ({camel} in a resource): the settings were grouped after 0.8.9"
             )
-        return value
+
+
+def merged(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    """`base` with `changes` laid over it, group by group: {"timing": {"trials": 7}} over
+    {"timing": {"warmup": 2}} keeps both."""
+    out = dict(base)
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merged(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+class EvaluationSettings(Settings):
+    """What an evaluation measures and how strictly, grouped by topic: the settings a user gives on
+    the command line (`--timing-trials`), in a job spec (`evaluation.timing.trials`), or in the
+    evaluator's `EvalConfig` (which extends each group with the evaluator's own settings)."""
+
+    correctness: CorrectnessSettings = Field(
+        default_factory=CorrectnessSettings, description="How a candidate is proven correct."
+    )
+    timing: TimingSettings = Field(
+        default_factory=TimingSettings, description="How a correct candidate is timed against its reference."
+    )
+    isolation: IsolationSettings = Field(
+        default_factory=IsolationSettings, description="How candidates are walled in."
+    )
+    limits: LimitSettings = Field(
+        default_factory=LimitSettings, description="The bounds one evaluation keeps."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _grouped(cls, data: Any) -> Any:
+        refuse_flat_keys(data, FLAT_EVALUATION_KEYS)
+        return data

@@ -20,7 +20,16 @@ from kernelfleet.core import reasons
 from kernelfleet.core.tasks import kernelbench_dir, load_tasks
 from kernelfleet.evaluator._cache import DirectoryResultCache, ResultCache
 from kernelfleet.evaluator._client import EvaluationClient, ServiceError, result_from_json
-from kernelfleet.evaluator._config import BASELINE_MODES, PROFILES, EvalConfig, Profile
+from kernelfleet.evaluator._config import (
+    BASELINE_MODES,
+    PROFILES,
+    CorrectnessConfig,
+    EvalConfig,
+    IsolationConfig,
+    LimitConfig,
+    Profile,
+    TimingConfig,
+)
 from kernelfleet.evaluator._environment import gpu_class
 from kernelfleet.evaluator._evaluator import (
     BatchCancelled,
@@ -52,12 +61,15 @@ __all__ = [
     "EVALUATOR_VERSION",
     "PROFILES",
     "BatchCancelled",
+    "CorrectnessConfig",
     "DirectoryResultCache",
     "EvalConfig",
     "EvaluationCancelled",
     "EvaluationClient",
     "EvaluationService",
     "Evaluator",
+    "IsolationConfig",
+    "LimitConfig",
     "Metrics",
     "Profile",
     "ResultCache",
@@ -65,6 +77,7 @@ __all__ = [
     "ServiceLimits",
     "ServiceServer",
     "TaskError",
+    "TimingConfig",
     "create_app",
     "gpu_class",
     "kernelbench_dir",

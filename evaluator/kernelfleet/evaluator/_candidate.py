@@ -50,7 +50,7 @@ from kernelfleet.evaluator._outputs import (
     poison_free_memory,
     to_device,
 )
-from kernelfleet.evaluator._timing import InputBank, _Clock, clock_for, launch_level_us, pin_timing_thread
+from kernelfleet.evaluator._timing import InputBank, _Clock, clock_for, pin_timing_thread
 from kernelfleet.evaluator._wire import Channel, ChannelClosed, read_tree, write_tree
 
 for _name in (
@@ -329,8 +329,6 @@ class CandidateSession:
         self.kept = None  # the last round's output, freed before this round's call
         buffers = self.buffers
         model = self.cand_model
-        # The primer sees the values the last timed call saw, never this round's: filled after it.
-        primer_ms = self.clock.prime(lambda: model(*buffers)) if request.get("prime") else 0.0
         moves = [tuple(m) if m is not None else None for m in request["moves"]]
         self.bank.fill(self.buffers, int(request["index"]), moves)
         if self.flush is not None:
@@ -338,7 +336,7 @@ class CandidateSession:
         G.manual_seed(int(request["seed"]))
         self.clock.sync()
         elapsed, naive, spill, out = self.clock.measure(lambda: model(*buffers))
-        answer: dict[str, Any] = {"ms": elapsed, "naive": naive, "spill": spill, "primer_ms": primer_ms}
+        answer: dict[str, Any] = {"ms": elapsed, "naive": naive, "spill": spill}
         problems = check_materialised(out, self.device)
         if problems:
             answer["problem"] = R.reason(
@@ -428,8 +426,6 @@ def serve(channel: Channel, scratch: Path) -> None:
                 share_builds_across_processes()
             if op == "build":
                 answer = _build(request, scratch)
-            elif op == "launch_level" and session is None:  # before any candidate code loads
-                answer = {"launch_us": launch_level_us(torch.device(str(request["device"])))}
             elif op == "setup":
                 session = CandidateSession(request, scratch)
                 session.setup_torch()

@@ -11,7 +11,6 @@ serve the candidate's process too. See `_protocol` for how an evaluation runs.
 from __future__ import annotations
 
 import contextlib
-import os
 import random
 import time
 from collections.abc import Callable
@@ -229,7 +228,7 @@ class Session:
             G.manual_seed(self.init_seed)
             self.init_inputs = list(self.ref_mod.get_init_inputs())
             self.ref_model = self.build(self.ref_mod.Model)
-            if self.config.float64_reference:
+            if self.config.correctness.float64_reference:
                 self.ref64_model = self.build(self.ref_mod.Model)
                 self.ref64_model = self.ref64_model.double()
             inputs = self.inputs(self.rng.getrandbits(31))
@@ -343,7 +342,7 @@ def baselines(job: Job) -> dict[str, Any]:
     bank = InputBank(sets)
     unavailable: dict[str, str] = {}
     subjects: list[Subject] = []
-    for mode in job.config.baseline_modes:
+    for mode in job.config.timing.baseline_modes:
         try:
             subject = _baseline_subject(session, mode, sets[0])
         except Exception as error:
@@ -355,18 +354,16 @@ def baselines(job: Job) -> dict[str, Any]:
             subjects.append(subject)
     if not subjects:
         return {"status": "ok", "samples": {}, "unavailable": unavailable}
-    trials = job.config.baseline_trials or job.config.timing_trials
+    trials = job.config.timing.baseline_trials or job.config.timing.trials
     run = run_timing(
         subjects,
         bank,
         device=session.device,
-        warmup=job.config.warmup,
+        warmup=job.config.timing.warmup,
         trials=trials,
-        flush_bytes=job.config.resolved_flush_bytes(session.cuda),
+        flush_bytes=job.config.timing.resolved_flush_bytes(session.cuda),
         rng=session.rng,
-        primer_below_ms=job.config.timing_primer_ms,
-        clock_mode=job.config.timing_clock,
-        lead_us=job.config.timing_lead_us,
+        lead_us=job.config.timing.lead_us,
     )
     return {"status": "ok", "samples": run.samples, "unavailable": unavailable}
 
@@ -407,15 +404,6 @@ def _baseline_subject(session: Session, mode: str, example: list[Any]) -> Subjec
     raise ValueError(f"unknown baseline mode {mode}")
 
 
-def _pci_bus_id(props: Any) -> str | None:
-    """'0000:19:00.0', sysfs's name for the GPU; None where torch does not say."""
-    parts = [getattr(props, name, None) for name in ("pci_domain_id", "pci_bus_id", "pci_device_id")]
-    if any(part is None for part in parts):
-        return None
-    domain, bus, device = parts
-    return f"{domain:04x}:{bus:02x}:{device:02x}.0"
-
-
 def probe(job: Job) -> dict[str, Any]:
     """What GPUs this machine has, asked from a child so the parent holds no CUDA context."""
     devices = []
@@ -428,7 +416,6 @@ def probe(job: Job) -> dict[str, Any]:
                     "capability": f"{props.major}.{props.minor}",
                     "memory": props.total_memory,
                     "l2_cache": getattr(props, "L2_cache_size", 0),
-                    "pci_bus_id": _pci_bus_id(props),
                 }
             )
     return {
@@ -437,5 +424,4 @@ def probe(job: Job) -> dict[str, Any]:
         "cuda": torch.version.cuda or "",
         "driver": driver_version() if devices else "",
         "torch": torch.__version__,
-        "cpus": sorted(os.sched_getaffinity(0)),  # what this child may run on (Walls.cpus)
     }

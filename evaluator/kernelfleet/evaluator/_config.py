@@ -16,11 +16,22 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from kernelfleet.core.settings import Device, EvaluationProfile, EvaluationSettings, IsolationLevel
+from kernelfleet.core.settings import (
+    FLAT_EVALUATION_KEYS,
+    CorrectnessSettings,
+    Device,
+    EvaluationProfile,
+    EvaluationSettings,
+    IsolationLevel,
+    IsolationSettings,
+    LimitSettings,
+    TimingSettings,
+    refuse_flat_keys,
+)
 from kernelfleet.evaluator._version import EVALUATOR_VERSION
 
 BASELINE_MODES = ("eager", "compile", "compile-reduce-overhead", "cudagraph")
@@ -111,6 +122,21 @@ PROFILES: dict[str, Profile] = {
 }
 
 
+# Settings deleted after evaluator 0.8.9, because their own measurements said they did not help
+# (docs/measurements.md): a config that still sets one is refused with the reason, not with
+# pydantic's bare "extra inputs are not permitted".
+# Flat keys of 0.8.9 that are now the names of groups: a dict there is the group.
+_GROUPS = ("timing", "isolation")
+
+DELETED_SETTINGS = {
+    "launch_tolerance": "no process is replaced for its launch level any more",
+    "launch_rerolls": "no process is replaced for its launch level any more",
+    "timing_primer_ms": "timed calls have no primer call any more",
+    "pin_processes": "processes run on the CPUs the evaluator has; pin_timing keeps the timing CPU",
+    "timing_clock": "there is one clock, KernelBench's events on the caller's stream",
+}
+
+
 def default_cache_dir() -> Path:
     """Where compiled extensions are kept: $KERNELFLEET_CACHE_DIR, else ~/.cache/kernelfleet."""
     root = os.environ.get("KERNELFLEET_CACHE_DIR")
@@ -118,23 +144,22 @@ def default_cache_dir() -> Path:
     return base / "evaluator"
 
 
-class EvalConfig(EvaluationSettings):
-    """Settings of one evaluator. Every field has a safe default; tests shrink the trials.
+class CorrectnessConfig(CorrectnessSettings):
+    """`EvalConfig.correctness`: the shared correctness settings and the evaluator's own."""
 
-    The fields a user sets (profile, trials, ...) are `EvaluationSettings`', shared with the job
-    spec and the command line; the rest are the evaluator's own.
-    """
+    float64_reference: bool = Field(default=False, description="Compare fp32 outputs to an fp64 run.")
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
-    device: Device = Field(default="cpu", description="'cpu', 'cuda' (all local GPUs) or 'cuda:N'.")
-    compile_timeout_s: float = Field(default=180.0, gt=0)
+class TimingConfig(TimingSettings):
+    """`EvalConfig.timing`: the shared timing settings and the evaluator's own."""
+
+    enabled: bool = Field(default=True, description="False: correctness only, no speedup.")
     speedup_recheck: float | None = Field(
         default=3.0,
         description="Speedups at or above this are re-timed in a fresh process pair, and the lower of "
-        "the two counts. With timing_processes of 2 or more the pairs after the first are that re-check: "
+        "the two counts. With timing.processes of 2 or more the pairs after the first are that re-check: "
         "their pooled speedup counts, or the lowest pair's when they disagree by more than "
-        "recheck_tolerance. None: no re-check.",
+        "timing.recheck_tolerance. None: no re-check.",
     )
     recheck_tolerance: float = Field(
         default=0.2, ge=0, description="Relative disagreement of the two timings that is reported."
@@ -143,88 +168,58 @@ class EvalConfig(EvaluationSettings):
         default=1,
         ge=1,
         le=1000,
-        description="Correctness trials in each process pair after the first (timing_processes, "
-        "timing_processes_max, reference_processes): the first pair proved the candidate with "
-        "correctness_trials; a further pair runs the same code in fresh processes to time it, and its "
-        "trials, cache probe, trace and spot-checked timed rounds catch a candidate that behaves "
-        "otherwise there. Each further pair repeated all of correctness before 0.8.6, the largest part "
-        "of a re-timing on tasks with large inputs. The re-check of one pair (timing_processes 1) keeps "
-        "correctness_trials.",
+        description="Correctness trials in each process pair after the first: the first pair proved the "
+        "candidate with correctness.trials, and a further pair checks the same code again in fresh "
+        "processes before timing it. The re-check of a single pair (timing.processes 1) keeps "
+        "correctness.trials.",
     )
     review_ceiling: float = Field(default=10.0, gt=0, description="Speedups above are flagged.")
-    float64_reference: bool = Field(default=False, description="Compare fp32 outputs to an fp64 run.")
     max_speedup_cv: float | None = Field(
         default=0.1,
         description="A speedup whose 7 time buckets vary by more is unsettled (more samples are taken); "
         "None: never refuse a speedup for noise.",
     )
-    timing_retries: int = Field(
+    retries: int = Field(
         default=7,
         ge=0,
-        description="Extra batches of timing_trials rounds taken while the speedup is unsettled.",
+        description="Extra batches of timing.trials rounds taken while the speedup is unsettled.",
     )
-    timing_precision: float = Field(
+    precision: float = Field(
         default=0.02,
         gt=0,
         description="A speedup is settled when its 95% interval is within this fraction of it.",
     )
-    timing_budget_s: float = Field(
+    budget_s: float = Field(
         default=10.0,
         gt=0,
         description="No new timing batch starts after this many seconds of timing (a batch lasts at most "
-        "timing_batch_s once it has 21 rounds).",
+        "timing.batch_s once it has 21 rounds).",
     )
-    timing_batch_s: float = Field(
+    batch_s: float = Field(
         default=2.0,
         gt=0,
         description="A timing batch ends after this many seconds once it has 21 rounds (3 per time bucket), "
-        "even short of timing_trials: a slow kernel is checked for a settled speedup every few seconds "
+        "even short of timing.trials: a slow kernel is checked for a settled speedup every few seconds "
         "rather than after 100 calls of each side.",
     )
-    pin_timing: bool = Field(
+    pin_cpu: bool = Field(
         default=True,
-        description="While timing, both sides' timing threads run on one CPU kept for the device (the "
-        "last CPU this process may use for the first GPU, the one before it for the second, ...). The two "
-        "sides take turns, so they never compete for it, and whatever disturbs that CPU disturbs both alike "
-        "(on the CPU device only with cpu_threads=1). "
-        "On the H200, re-timing in a fresh process agreed within 3.4% at p90 pinned and 21-31% unpinned "
-        "(docs/evaluator.md).",
-    )
-    pin_processes: bool = Field(
-        default=False,
-        description="Both processes of every process pair run on the CPUs local to their GPU (its "
-        "local_cpulist in sysfs), set before CUDA starts, and the timing CPU is one of them. On the one-node "
-        "H200 machine every CPU is local and a process's launch level did not follow its CPUs "
-        "(docs/evaluator.md); unmeasured where a machine has several NUMA nodes. No effect on the CPU device "
-        "or where the machine does not say which CPUs are local.",
-    )
-    launch_tolerance: float | None = Field(
-        default=None,
-        gt=0,
-        description="On CUDA, each process of a pair first times a chain of 20 tiny kernels, before anything "
-        "loads; one more than this fraction slower than the fastest the device has shown is replaced by a "
-        "fresh process (at most launch_rerolls times), once a second measurement on a quiet device (the "
-        "timing lane held) agrees. On the H200 a process keeps one of two launch levels (about 8% apart) for "
-        "its life, and short calls follow it; side by side, 50-100 us candidates agreed within 1.1-1.6% with "
-        "0.04 against 1.7-4.4% without. On an H100 it cost 21% of the evaluations per GPU-hour and "
-        "re-timings still missed 2% at p90 (docs/evaluator.md), so it is off. None: keep whichever process "
-        "starts.",
+        description="While timing, both sides' timing threads run on one CPU kept for the device (the last "
+        "CPU this process may use for the first GPU, the one before it for the second, ...), so whatever "
+        "disturbs that CPU disturbs both alike; on the CPU device only with cpu_threads=1.",
     )
     pair_tolerance: float = Field(
         default=0.02,
         gt=0,
         description="The spread of the pairs' speedups (largest over smallest, less 1) under which no more "
-        "pairs are timed (timing_processes_max, in the evaluation settings).",
+        "pairs are timed (timing.processes_max).",
     )
     reference_tolerance: float = Field(
         default=0.05,
         gt=0,
         description="How far outside the range of the pool's process medians an evaluation's own reference "
-        "median may lie and still be measured against the pool (reference_processes, in the evaluation "
-        "settings); the most a pool can move a speedup beyond what its processes showed.",
-    )
-    launch_rerolls: int = Field(
-        default=3, ge=0, le=10, description="Fresh processes tried, at most, in place of one slow to launch."
+        "median may lie and still be measured against the pool (timing.reference_processes); the most a "
+        "pool can move a speedup beyond what its processes showed.",
     )
     keep_samples: bool = Field(
         default=False,
@@ -232,50 +227,24 @@ class EvalConfig(EvaluationSettings):
         "for re-analysing a timing; off by default, because results are stored and cached. A result "
         "served from a result cache has them only if it was measured with them.",
     )
-    timing_clock: Literal["device", "stream"] = Field(
-        default="stream",
-        description="How a timed call is read on CUDA. 'stream' (the default): KernelBench's start and end "
-        "events on the caller's stream; the host then waits for the whole device, and a candidate whose "
-        "wait exceeds the reference's by more than max(15 us, 10%) left work on other streams and is "
-        "rejected (side-stream). 'device' (evaluator 0.5.0): the end event is recorded after a device-wide "
-        "synchronisation, so the sample also holds the host's 10-30 us of latency in noticing the end, "
-        "which differs from process to process. docs/evaluator.md compares the two on the H200.",
-    )
-    timing_lead_us: float = Field(
+    lead_us: float = Field(
         default=1000.0,
         ge=0,
         le=20000,
-        description="At least this many microseconds of real GPU work (writes of the cache-flush buffer, "
-        "the flush last) queued before each timed call of both sides, with no wait between, so that the "
-        "call's launches queue behind it as when the CPU runs ahead of the GPU in a loop. A call made "
-        "after the host idled a few milliseconds, as every timed call is between two rounds' exchanges, "
-        "reached the idle H200 up to 0.2 ms late, by an amount that changed from process to process; "
-        "behind the lead the same call timed alike after any wait. CPU launch time beyond the lead "
-        "still counts; within it, it does not. 0: none (evaluator 0.5.0).",
+        description="Microseconds of real GPU work (writes of the cache-flush buffer, the flush last) queued "
+        "before each timed call of both sides, so that the call's launches queue behind it as in a loop; CPU "
+        "launch time beyond the lead still counts. 0: none (evaluator 0.5.0).",
     )
-    timing_primer_ms: float = Field(
-        default=0.0,
-        ge=0,
-        description="When either side's warm-up calls take under this many milliseconds, each timed call "
-        "of both sides is preceded by one untimed call of the same model on the last round's input values "
-        "(never the values it is timed on): the timed call then starts warm, as KernelBench's back-to-back "
-        "calls do, instead of after a wait for the other side's turn, which on the H200 made a 0.1 ms "
-        "matmul time 0.17-0.29 ms. Off by default: side by side on the H200 it lowered small kernels' "
-        "medians but not the disagreement of re-timings (p90 4.0% primed, 3.6% not, 29 pairs). 0: never "
-        "(docs/evaluator.md).",
-    )
-    exclusive_timing: bool = Field(
+    exclusive: bool = Field(
         default=True,
         description="While a candidate times a batch of rounds, the other candidates' GPU steps on that "
-        "device wait (their loading runs on). False: correctness overlaps timing, for more evaluations "
-        "per hour (docs/evaluator.md has the H200's figures).",
+        "device wait (their loading runs on). False: correctness overlaps timing.",
     )
     reference_reuse: bool = Field(
         default=False,
-        description="Time a task's reference once per device and evaluator session, then only on every "
-        "4th round as a drift check. Off by default: on the H200, correctness work of the other slots "
-        "moves the reference by more than reference_drift, so every check failed and re-timed paired "
-        "(docs/evaluator.md). False: every evaluation times both sides on every round.",
+        description="Time a task's reference once per device and evaluator session, then only on every 4th "
+        "round as a drift check (timing.reference_drift). False: every evaluation times both sides on "
+        "every round.",
     )
     reference_drift: float = Field(
         default=0.02,
@@ -283,18 +252,111 @@ class EvalConfig(EvaluationSettings):
         description="A reused reference timing stands while the drift check's median is within this "
         "fraction of it; otherwise the evaluation times both sides again and renews it.",
     )
-    lane_slots: int | None = Field(
-        default=None,
-        ge=1,
-        description="Candidate processes per device at once (loading and correctness overlap; timing "
-        "is exclusive); None: 4 on a GPU, 1 on the CPU. On the H200, 40 published kernels: the timing lane "
-        "busy 75% of the time candidates waited with 4, 85% with 6 and 93% with 8, for 1125, 1182 and 998 "
-        "evaluations per GPU-hour: correctness waits while another slot times (docs/evaluator.md).",
-    )
-    seed: int | None = Field(default=None, description="None: a fresh random seed per evaluation.")
     flush_bytes: int | None = Field(
         default=None, description="Cache flush before each timed call; None: 256 MiB CUDA, 8 MiB CPU."
     )
+    baseline_modes: tuple[str, ...] = Field(
+        default=BASELINE_MODES,
+        description="The baselines `baselines()` times, of " + ", ".join(BASELINE_MODES),
+    )
+    baseline_trials: int | None = Field(default=None, description="None: timing.trials.")
+
+    @field_validator("baseline_modes")
+    @classmethod
+    def _check_modes(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        unknown = [mode for mode in value if mode not in BASELINE_MODES]
+        if unknown:
+            raise ValueError(f"unknown baseline modes {unknown}; choose from {list(BASELINE_MODES)}")
+        return value
+
+    def resolved_flush_bytes(self, on_cuda: bool) -> int:
+        if self.flush_bytes is not None:
+            return self.flush_bytes
+        return 256 * 1024 * 1024 if on_cuda else 8 * 1024 * 1024
+
+
+class IsolationConfig(IsolationSettings):
+    """`EvalConfig.isolation`: the shared isolation setting and the evaluator's own."""
+
+    level: Literal["auto"] | IsolationLevel = Field(
+        default="auto",
+        description="How candidates are walled in (docs/sandbox.md); auto: the strongest this machine "
+        "offers (kernelfleet eval isolation says which).",
+    )
+
+
+class LimitConfig(LimitSettings):
+    """`EvalConfig.limits`: the shared bounds and the evaluator's own."""
+
+    compile_timeout_s: float = Field(
+        default=180.0, gt=0, description="CPU seconds a candidate's build may take."
+    )
+    scratch_bytes: int = Field(
+        default=4 * 1024**3,
+        gt=0,
+        description="The largest file a candidate may write, and its share of the sandbox's private /tmp "
+        "(sized at this for each evaluation and build running at once).",
+    )
+
+
+# Where the evaluator's own flat settings of 0.8.9 and before now live (see FLAT_EVALUATION_KEYS).
+FLAT_CONFIG_KEYS: dict[str, str] = {
+    **FLAT_EVALUATION_KEYS,
+    "float64_reference": "correctness.float64_reference",
+    "timing": "timing.enabled",
+    "speedup_recheck": "timing.speedup_recheck",
+    "recheck_tolerance": "timing.recheck_tolerance",
+    "retime_correctness_trials": "timing.retime_correctness_trials",
+    "review_ceiling": "timing.review_ceiling",
+    "max_speedup_cv": "timing.max_speedup_cv",
+    "timing_retries": "timing.retries",
+    "timing_precision": "timing.precision",
+    "timing_budget_s": "timing.budget_s",
+    "timing_batch_s": "timing.batch_s",
+    "pin_timing": "timing.pin_cpu",
+    "pair_tolerance": "timing.pair_tolerance",
+    "reference_tolerance": "timing.reference_tolerance",
+    "keep_samples": "timing.keep_samples",
+    "timing_lead_us": "timing.lead_us",
+    "exclusive_timing": "timing.exclusive",
+    "reference_reuse": "timing.reference_reuse",
+    "reference_drift": "timing.reference_drift",
+    "flush_bytes": "timing.flush_bytes",
+    "baseline_modes": "timing.baseline_modes",
+    "baseline_trials": "timing.baseline_trials",
+    "isolation": "isolation.level",
+    "compile_timeout_s": "limits.compile_timeout_s",
+    "scratch_bytes": "limits.scratch_bytes",
+}
+
+
+class EvalConfig(EvaluationSettings):
+    """Settings of one evaluator, grouped as the shared `EvaluationSettings` are (correctness,
+    timing, isolation, limits), each group extended with the evaluator's own settings; what
+    concerns the machine (device, seed, caches, workers) is at the top. Every field has a safe
+    default; tests shrink the trials.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    device: Device = Field(default="cpu", description="'cpu', 'cuda' (all local GPUs) or 'cuda:N'.")
+    correctness: CorrectnessConfig = Field(
+        default_factory=CorrectnessConfig, description="How a candidate is proven correct."
+    )
+    timing: TimingConfig = Field(
+        default_factory=TimingConfig, description="How a correct candidate is timed against its reference."
+    )
+    isolation: IsolationConfig = Field(
+        default_factory=IsolationConfig, description="How candidates are walled in."
+    )
+    limits: LimitConfig = Field(default_factory=LimitConfig, description="The bounds one evaluation keeps.")
+    lane_slots: int | None = Field(
+        default=None,
+        ge=1,
+        description="Candidate processes per device at once (loading and correctness overlap; timing is "
+        "exclusive). None: 4 on a GPU, 1 on the CPU.",
+    )
+    seed: int | None = Field(default=None, description="None: a fresh random seed per evaluation.")
     compile_workers: int | None = Field(
         default=None,
         description="CPU build processes, each compiling with cores // compile_workers jobs "
@@ -307,63 +369,51 @@ class EvalConfig(EvaluationSettings):
         description="torch threads in CPU children, for both sides (one thread times steadily on a shared "
         "machine); None keeps torch's default.",
     )
-    timing: bool = Field(default=True, description="False: correctness only, no speedup.")
-    isolation: Literal["auto"] | IsolationLevel = Field(
-        default="auto",
-        description="How candidates are walled in (docs/sandbox.md); auto: the strongest this machine "
-        "offers (kernelfleet eval isolation says which).",
-    )
-    scratch_bytes: int = Field(
-        default=4 * 1024**3,
-        gt=0,
-        description="The largest file a candidate may write, and its share of the sandbox's private /tmp "
-        "(sized at this for each evaluation and build running at once).",
-    )
-    baseline_modes: tuple[str, ...] = BASELINE_MODES
-    baseline_trials: int | None = Field(default=None, description="None: timing_trials.")
 
-    @field_validator("baseline_modes")
+    @model_validator(mode="before")
     @classmethod
-    def _check_modes(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        unknown = [mode for mode in value if mode not in BASELINE_MODES]
-        if unknown:
-            raise ValueError(f"unknown baseline modes {unknown}; choose from {list(BASELINE_MODES)}")
-        return value
+    def _no_old_settings(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        for name in data:
+            if name in DELETED_SETTINGS:
+                raise ValueError(
+                    f"{name} was deleted after evaluator 0.8.9: {DELETED_SETTINGS[name]}; remove it "
+                    "(docs/evaluator.md, Changelog)"
+                )
+        # "timing" and "isolation" were flat settings before they were groups.
+        old = {
+            key: FLAT_CONFIG_KEYS[key]
+            for key, kind in (("timing", bool), ("isolation", str))
+            if isinstance(data.get(key), kind)
+        }
+        refuse_flat_keys(data, {**{k: v for k, v in FLAT_CONFIG_KEYS.items() if k not in _GROUPS}, **old})
+        return data
 
     @property
     def profile_rules(self) -> Profile:
-        return PROFILES[self.profile]
+        return PROFILES[self.correctness.profile]
 
     @property
     def result_version(self) -> str:
         """The evaluator version written into results: the profile and kernel demand are part
         of it, because they change verdicts, and so are clock settings other than the defaults,
         because they change what a millisecond means; results are cached by version."""
-        suffix = str(self.profile) + (".kernel" if self.require_kernel else "")
-        defaults = type(self).model_fields
-        if self.timing_clock != defaults["timing_clock"].default:
-            suffix += f".{self.timing_clock}"
-        if self.timing_lead_us != defaults["timing_lead_us"].default:
-            suffix += f".lead{self.timing_lead_us:g}us"
-        if self.timing_processes != defaults["timing_processes"].default:
-            suffix += f".pairs{self.timing_processes}"
-        if self.pin_processes:
-            suffix += ".localcpus"
-        if self.launch_tolerance != defaults["launch_tolerance"].default:
-            suffix += f".launch{self.launch_tolerance}"
-        if self.timing_processes_max is not None and self.timing_processes_max > self.timing_processes:
-            suffix += f".pairsmax{self.timing_processes_max}@{self.pair_tolerance}"
-        if self.retime_correctness_trials != defaults["retime_correctness_trials"].default:
-            suffix += f".retime{self.retime_correctness_trials}"
-        if self.reference_processes:  # 0 is off, as None
-            suffix += f".refpool{self.reference_processes}@{self.reference_tolerance}"
+        timing = self.timing
+        suffix = str(self.correctness.profile) + (".kernel" if self.correctness.require_kernel else "")
+        defaults = TimingConfig.model_fields
+        if timing.lead_us != defaults["lead_us"].default:
+            suffix += f".lead{timing.lead_us:g}us"
+        if timing.processes != defaults["processes"].default:
+            suffix += f".pairs{timing.processes}"
+        if timing.processes_max is not None and timing.processes_max > timing.processes:
+            suffix += f".pairsmax{timing.processes_max}@{timing.pair_tolerance}"
+        if timing.retime_correctness_trials != defaults["retime_correctness_trials"].default:
+            suffix += f".retime{timing.retime_correctness_trials}"
+        if timing.reference_processes:  # 0 is off, as None
+            suffix += f".refpool{timing.reference_processes}@{timing.reference_tolerance}"
         return f"{EVALUATOR_VERSION}+{suffix}"
 
     @property
     def build_root(self) -> Path:
         return Path(self.cache_dir) if self.cache_dir else default_cache_dir()
-
-    def resolved_flush_bytes(self, on_cuda: bool) -> int:
-        if self.flush_bytes is not None:
-            return self.flush_bytes
-        return 256 * 1024 * 1024 if on_cuda else 8 * 1024 * 1024

@@ -7,7 +7,6 @@ creates a CUDA context of its own.
 
 from __future__ import annotations
 
-import os
 import platform
 import re
 import subprocess
@@ -53,21 +52,3 @@ def driver_version() -> str:
 
 def host_name() -> str:
     return platform.node()
-
-
-def local_cpus(pci_bus_id: str, devices: Path = Path("/sys/bus/pci/devices")) -> tuple[int, ...]:
-    """The CPUs this process may use that are local to the PCI device `pci_bus_id`
-    ('0000:19:00.0'), from its `local_cpulist` in sysfs; () when the machine does not say, or
-    none of them is ours."""
-    try:
-        text = (devices / pci_bus_id.lower() / "local_cpulist").read_text().strip()
-    except OSError:
-        return ()
-    listed: set[int] = set()
-    try:
-        for part in filter(None, text.split(",")):
-            low, _, high = part.partition("-")
-            listed.update(range(int(low), int(high or low) + 1))
-    except ValueError:
-        return ()
-    return tuple(sorted(listed & os.sched_getaffinity(0)))

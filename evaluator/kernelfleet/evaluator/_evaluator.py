@@ -46,13 +46,13 @@ from kernelfleet.evaluator._cache import ResultCache
 from kernelfleet.evaluator._config import EvalConfig
 from kernelfleet.evaluator._cputime import tree_cpu_seconds
 from kernelfleet.evaluator._devicelock import DeviceLock
-from kernelfleet.evaluator._environment import gpu_class, host_name, local_cpus
+from kernelfleet.evaluator._environment import gpu_class, host_name
 from kernelfleet.evaluator._gpugate import GpuGate
 from kernelfleet.evaluator._ops import needs_native_build
 from kernelfleet.evaluator._protocol import Evaluation, Outcome, Sides
 from kernelfleet.evaluator._reference_pool import ReferencePool, ReferencePools
 from kernelfleet.evaluator._sandbox import Sandbox, Walls, detect, resolve_level, sandbox_for
-from kernelfleet.evaluator._timing import LaunchFloor, speedup_interval, stats
+from kernelfleet.evaluator._timing import speedup_interval, stats
 
 _LOG_LIMIT = 4000
 # A wait for the machine-wide device lock (another process times on the device) ends with an error
@@ -121,7 +121,7 @@ def pool_pairs(
     """One speedup from several fresh process pairs (`timing_processes`): the geometric mean of the
     pairs' own speedups (ratio of medians), so that each process's offset counts once. Pooling
     the calls and taking one median instead snaps to one mode when a call has two (2:61's cuDNN
-    convolution on the H200: 0.284 or 0.338 ms by process), where the mean in log space averages
+    convolution: 0.284 or 0.338 ms by process), where the mean in log space averages
     them. The interval is the geometric mean of the pairs' own bootstrap intervals, widened to
     hold every pair's speedup: rounds inside one pair never show its process's offset, the pairs'
     spread does. Each side's timing holds all its calls, its median being the geometric mean of
@@ -176,11 +176,11 @@ def recheck_of_pairs(pooled: PooledTiming, config: EvalConfig) -> tuple[str, int
     figures then count (as the lower of a first timing and its re-check does), else None: the
     pooled speedup counts."""
     ratios = pooled.pair_speedups
-    if config.speedup_recheck is None or max(ratios) < config.speedup_recheck:
+    if config.timing.speedup_recheck is None or max(ratios) < config.timing.speedup_recheck:
         return None
     low = min(range(len(ratios)), key=ratios.__getitem__)
     each = ", then ".join(f"{ratio:.2f}x" for ratio in ratios)
-    if 1 - ratios[low] / max(ratios) > config.recheck_tolerance:
+    if 1 - ratios[low] / max(ratios) > config.timing.recheck_tolerance:
         return R.reason(R.NOT_REPRODUCIBLE, f"{each} in fresh process pairs; the lowest counts"), low
     return R.reason(R.RECHECKED, f"{each} in fresh process pairs; their pooled speedup counts"), None
 
@@ -194,7 +194,7 @@ def uneven_spread(reference: Timing, candidate: Timing) -> str | None:
     moves that side (the host and its kernel launches, the machine's load; kernelbench-v0 keeps
     autograd on in the reference) does not move the other, so pairing cannot cancel it, and the
     same candidate can be faster or slower against it under another load by more than its
-    interval says. On the H200, 3:28's reference spread 17-20% round to round (its candidate
+    interval says. On a GPU, 3:28's reference spread 17-20% round to round (its candidate
     0.2%) and timed 1.47 ms in the pipeline, 2.90 ms one evaluation at a time."""
     shares = {
         side: timing.iqr_ms / timing.median_ms
@@ -237,11 +237,11 @@ def against_pool(
         return pooled, R.reason(
             R.REFERENCE_DRIFTED,
             f"the reference ran {shown} ms here, outside its session pool's range by more than "
-            f"{config.reference_tolerance:.0%} ({pool.describe()}): the machine has moved since, so "
+            f"{config.timing.reference_tolerance:.0%} ({pool.describe()}): the machine has moved since, so "
             "this evaluation's own paired figures count",
         )
     note = R.reason(R.REFERENCE_POOLED, pool.describe())
-    return pool_pairs(answers, config.keep_samples, pool.median_ms), note
+    return pool_pairs(answers, config.timing.keep_samples, pool.median_ms), note
 
 
 def another_pair(
@@ -256,20 +256,20 @@ def another_pair(
     offset for its life, so pairs that disagree are told apart only by more processes, not more
     rounds. Such an optional pair starts only with room for twice what a pair took so far: one
     that ran out of the timeout would turn a measured speedup into a timeout."""
-    if len(answers) < config.timing_processes:
+    if len(answers) < config.timing.processes:
         return True
-    if config.timeout_seconds - spent_s < 2 * spent_s / len(answers):
+    if config.limits.timeout_seconds - spent_s < 2 * spent_s / len(answers):
         return False
     if len(answers) < pool_owed:
         return True
-    if config.timing_processes_max is None or len(answers) >= config.timing_processes_max:
+    if config.timing.processes_max is None or len(answers) >= config.timing.processes_max:
         return False
-    pooled = bool(config.reference_processes)
+    pooled = bool(config.timing.reference_processes)
     ratios = [
         (1.0 if pooled else reference.median_ms) / candidate.median_ms
         for reference, candidate in (answer_timings(answer, keep=False) for answer in answers)
     ]
-    return max(ratios) / min(ratios) - 1 > config.pair_tolerance
+    return max(ratios) / min(ratios) - 1 > config.timing.pair_tolerance
 
 
 def build_jobs(cores: int, workers: int) -> int:
@@ -307,14 +307,11 @@ class _Lane:
         visible: str | None,
         environment: Environment,
         arch: str | None,
-        local_cpus: tuple[int, ...] = (),
     ) -> None:
         self.index = index
         self.visible = visible
         self.environment = environment
         self.arch = arch
-        self.local_cpus = local_cpus  # the CPUs local to this GPU that we may use; (): not known
-        self.launch = LaunchFloor()  # the fastest launch level its processes have shown
         self.timing = threading.Lock()
         self.gate = GpuGate()  # other evaluations' GPU steps wait while one times
 
@@ -323,21 +320,11 @@ class _Lane:
         """The device's name across processes of this machine (its machine-wide lock)."""
         return "cpu" if self.visible is None else f"cuda-{self.visible}"
 
-    def pinned_cpus(self, config: EvalConfig) -> tuple[int, ...]:
-        """The CPUs this device's evaluation processes run on: its local ones under
-        EvalConfig.pin_processes, else () (anywhere)."""
-        return self.local_cpus if config.pin_processes else ()
-
-    def launch_floor(self, config: EvalConfig) -> LaunchFloor | None:
-        """The floor a new process's launch level is held to (EvalConfig.launch_tolerance): on a
-        GPU only, where processes keep a launch level for life; None: keep every process."""
-        return self.launch if self.visible is not None and config.launch_tolerance is not None else None
-
     def timing_cpu(self, config: EvalConfig) -> int:
         """The CPU this device's timings run on under EvalConfig.pin_timing: counting down from
         the last CPU its processes may use, one per device, so that every evaluator process of
         the machine picks the same one for the same device."""
-        cpus = self.pinned_cpus(config) or tuple(sorted(os.sched_getaffinity(0)))
+        cpus = tuple(sorted(os.sched_getaffinity(0)))
         return cpus[-1 - self.index % len(cpus)]
 
 
@@ -375,7 +362,6 @@ class Metrics:
         self.building = 0
         self.running = 0
         self.cancelled = 0
-        self.launch_floors: dict[int, LaunchFloor] = {}  # lane -> its floor (EvalConfig.launch_tolerance)
 
     def add(self, **changes: int) -> None:
         with self._lock:
@@ -435,15 +421,6 @@ class Metrics:
                 "timing_lane_busy_s": {str(k): round(v, 3) for k, v in timing.items()},
                 "timing_lane_busy_share": {str(k): round(v / elapsed, 4) for k, v in timing.items()},
                 "lane_active_share": {str(k): round(v / elapsed, 4) for k, v in active.items()},
-                # Processes whose launch level was measured, and those replaced for it (per lane).
-                "launch_processes": {
-                    str(k): f.processes for k, f in self.launch_floors.items() if f.processes
-                },
-                "launch_replaced": {str(k): f.replaced for k, f in self.launch_floors.items() if f.processes},
-                # ... and those measured again on a quiet device before a replacement.
-                "launch_rechecked": {
-                    str(k): f.rechecked for k, f in self.launch_floors.items() if f.processes
-                },
             }
 
 
@@ -520,7 +497,6 @@ class Evaluator:
         with self._lanes_lock:
             if self._lanes is None:
                 self._lanes = self._make_lanes()
-                self.metrics.launch_floors = {lane.index: lane.launch for lane in self._lanes}
             return self._lanes
 
     def _make_lanes(self) -> list[_Lane]:
@@ -575,9 +551,7 @@ class Evaluator:
                 evaluator_version=self.config.result_version,
                 host=host_name(),
             )
-            bus = info.get("pci_bus_id")
-            local = local_cpus(bus) if bus else ()
-            lanes.append(_Lane(position, physical[index], env, info.get("capability"), local))
+            lanes.append(_Lane(position, physical[index], env, info.get("capability")))
         return lanes
 
     # -- the sandbox
@@ -585,20 +559,20 @@ class Evaluator:
     @property
     def isolation(self) -> str:
         """The isolation level candidates run at (resolved on first use; UsageError when it is
-        below `min_isolation`)."""
+        below `isolation.min_level`)."""
         if self._level is None:
-            self._level = resolve_level(self.config.isolation, self.config.min_isolation)
+            self._level = resolve_level(self.config.isolation.level, self.config.isolation.min_level)
         return self._level
 
     def _sandbox(self) -> Sandbox:
-        scratch = min(self.config.scratch_bytes, 2 * _half_memory())
+        scratch = min(self.config.limits.scratch_bytes, 2 * _half_memory())
         return sandbox_for(self.isolation, str(self.config.build_root), scratch, self._sandbox_slots)
 
     @functools.cached_property
     def _sandbox_slots(self) -> int:
         """Scratch slots in the sandbox, each a tmpfs of `scratch_bytes` of its own: one for each
         judge and candidate the devices run at once, each build, and a judge-only job (baselines,
-        the GPU probe). With one shared tmpfs, four slots of level-1 tasks filled it on the H200
+        the GPU probe). With one shared tmpfs, four slots of level-1 tasks filled it on a GPU
         (judges and harnesses failed with "No space left on device" and candidates were
         blamed), and a hostile candidate could fill it on purpose to break its neighbours. A
         tmpfs takes memory only for what is written."""
@@ -608,19 +582,18 @@ class Evaluator:
     def _sides(self, config: EvalConfig, lane: _Lane | None, env: dict[str, str]) -> Sides:
         level = self.isolation
         report = detect()
-        memory = config.memory_limit_bytes or _half_memory()
+        memory = config.limits.memory_bytes or _half_memory()
         candidate = Walls(
             landlock=level.endswith("landlock"),
             seccomp=report.seccomp,
             memory_bytes=memory,
-            file_bytes=config.scratch_bytes,
+            file_bytes=config.limits.scratch_bytes,
             processes=None if report.cgroup else _PROCESSES,
             # A C++/CUDA candidate loads its extension from its own build directory (keyed by its
             # source: no other code's build is there), and may touch it there.
             write=(env["TORCH_EXTENSIONS_DIR"],) if "TORCH_EXTENSIONS_DIR" in env else (),
-            cpus=lane.pinned_cpus(config) if lane else (),
         )
-        judge = Walls(seccomp=report.seccomp, cpus=lane.pinned_cpus(config) if lane else ())
+        judge = Walls(seccomp=report.seccomp)
         child_env = dict(env)
         if lane is not None and lane.visible is not None:
             child_env["CUDA_VISIBLE_DEVICES"] = lane.visible
@@ -682,10 +655,12 @@ class Evaluator:
         config = item.config
         reasons = list(reasons)
         flagged = False
-        if speedup is not None and speedup > config.review_ceiling:
+        if speedup is not None and speedup > config.timing.review_ceiling:
             flagged = True
             reasons.append(
-                R.reason(R.REVIEW, f"speedup {speedup:.2f}x is above the {config.review_ceiling:g}x ceiling")
+                R.reason(
+                    R.REVIEW, f"speedup {speedup:.2f}x is above the {config.timing.review_ceiling:g}x ceiling"
+                )
             )
         if any(
             R.reason_code(t) in (R.NOT_REPRODUCIBLE, R.TRACE_UNAVAILABLE, R.DEGENERATE_TASK, R.JUDGE_FAILED)
@@ -708,7 +683,7 @@ class Evaluator:
             flagged_for_review=flagged,
             max_abs_error=max_abs_error,
             environment=environment,
-            profile=str(config.profile),
+            profile=str(config.correctness.profile),
             seconds=round(seconds, 3),
             log=log[-_LOG_LIMIT:] if verdict != "correct" else "",
             stages={name: round(value, 4) for name, value in item.stages.items()},
@@ -748,9 +723,9 @@ class Evaluator:
             raise EvaluationCancelled(f"{what} the candidate was cancelled")
         if outcome.timed_out:
             if what == "building":
-                limit = f"{item.config.compile_timeout_s:g} s of CPU time"
+                limit = f"{item.config.limits.compile_timeout_s:g} s of CPU time"
             else:
-                limit = f"{item.config.timeout_seconds:g} s"
+                limit = f"{item.config.limits.timeout_seconds:g} s"
                 if spent > 0:
                     limit += (
                         " (timeout_seconds bounds the whole evaluation;"
@@ -795,7 +770,9 @@ class Evaluator:
     # -- reference timings, once per task, device and session
 
     def _bank_key(self, item: _Item, lane: _Lane, settings: dict[str, str]) -> tuple[str, ...]:
-        config = item.config.model_dump_json(exclude={"seed", "speedup_recheck", "review_ceiling"})
+        config = item.config.model_dump_json(
+            exclude={"seed": True, "timing": {"speedup_recheck", "review_ceiling"}}
+        )
         return (item.task.hash, str(lane.index), source_hash(config), repr(sorted(settings.items())))
 
     def _reference_bank(self, item: _Item, lane: _Lane) -> Callable[[dict[str, str]], list[float] | None]:
@@ -846,7 +823,7 @@ class Evaluator:
                 # ... and no other process times on this device; bounded, since that process is
                 # not ours to bound (a stuck or stopped evaluator elsewhere on this machine).
                 device.acquire(
-                    item.cancel, timeout_s=DEVICE_WAIT_FACTOR * max(item.config.timeout_seconds, 60.0)
+                    item.cancel, timeout_s=DEVICE_WAIT_FACTOR * max(item.config.limits.timeout_seconds, 60.0)
                 )
             except InterruptedError:
                 lane.timing.release()
@@ -869,8 +846,10 @@ class Evaluator:
 
         config = item.config
         if further:
-            trials = min(config.correctness_trials, config.retime_correctness_trials)
-            config = config.model_copy(update={"correctness_trials": trials})
+            trials = min(config.correctness.trials, config.timing.retime_correctness_trials)
+            config = config.model_copy(
+                update={"correctness": config.correctness.model_copy(update={"trials": trials})}
+            )
         self.metrics.lane_active(lane.index, 1)
         try:
             lease = self._build_lease(item, lane)
@@ -881,15 +860,16 @@ class Evaluator:
                 item.task.code,
                 item.code,
                 self._seed(config),
-                timeout=max(0.001, config.timeout_seconds - spent),
+                timeout=max(0.001, config.limits.timeout_seconds - spent),
                 cancel=item.cancel,
                 take_lane=take_lane,
                 release_lane=release_lane,
-                reference_bank=self._reference_bank(item, lane) if reuse and config.reference_reuse else None,
-                keep_reference=self._keep_reference(item, lane) if config.reference_reuse else None,
-                gpu_gate=lane.gate if config.exclusive_timing else None,
+                reference_bank=self._reference_bank(item, lane)
+                if reuse and config.timing.reference_reuse
+                else None,
+                keep_reference=self._keep_reference(item, lane) if config.timing.reference_reuse else None,
+                gpu_gate=lane.gate if config.timing.exclusive else None,
                 timing_cpu=lane.timing_cpu(config) if self._pins_timing(config, lane) else None,
-                launch_floor=lane.launch_floor(config),
             )
             item.evaluation = evaluation
             with lease:
@@ -938,15 +918,15 @@ class Evaluator:
         speedup = answer.get("speedup")
         interval = answer.get("speedup_ci")
         if answer.get("reference_ms"):
-            reference, candidate = answer_timings(answer, config.keep_samples)
+            reference, candidate = answer_timings(answer, config.timing.keep_samples)
         rechecked, spent = False, outcome.counted_s
-        pairs_wanted = config.timing_processes > 1 or bool(config.reference_processes)
+        pairs_wanted = config.timing.processes > 1 or bool(config.timing.reference_processes)
         if verdict == "correct" and speedup is not None and pairs_wanted:
             answers = [answer]
-            size = config.reference_processes or 0
+            size = config.timing.reference_processes or 0
             pool_key = self._bank_key(item, lane, answer.get("settings") or {}) if size else ()
             # The fresh processes this evaluation brings to the task's pool, and those it offered.
-            promised = self._pools.promise(pool_key, size, config.timing_processes) if size else 0
+            promised = self._pools.promise(pool_key, size, config.timing.processes) if size else 0
             offered, pool = 0, None
             try:
                 while True:
@@ -968,10 +948,10 @@ class Evaluator:
                     if verdict != "correct" or not size:
                         break
                     fresh = fresh_reference_medians(answers[offered:])
-                    tolerance = config.reference_tolerance
+                    tolerance = config.timing.reference_tolerance
                     pool = self._pools.offer(pool_key, fresh, size, tolerance, promised)
                     promised, offered = 0, len(answers)
-                    room = max(0.0, config.timeout_seconds - spent)
+                    room = max(0.0, config.limits.timeout_seconds - spent)
                     pool = pool or self._pools.wait(pool_key, size, tolerance, room)
                     if pool is not None:
                         break
@@ -983,7 +963,7 @@ class Evaluator:
                 if promised:
                     self._pools.release(pool_key, promised)
             if verdict == "correct":
-                pooled = pool_pairs(answers, config.keep_samples)
+                pooled = pool_pairs(answers, config.timing.keep_samples)
                 if pool is not None:
                     pooled, note = against_pool(pool, answers, pooled, config)
                     reasons.append(note)
@@ -995,7 +975,7 @@ class Evaluator:
                     reasons.append(reason)
                     if low is not None:
                         speedup, interval = pooled.pair_speedups[low], pooled.pair_intervals[low]
-                        reference, candidate = answer_timings(answers[low], config.keep_samples)
+                        reference, candidate = answer_timings(answers[low], config.timing.keep_samples)
                         if pooled.reference_ms is not None:  # measured against the pool, not its own
                             reference = reference.model_copy(update={"median_ms": pooled.reference_ms})
         if (
@@ -1027,7 +1007,7 @@ class Evaluator:
             else:
                 again = float(second["speedup"])
                 spread = abs(speedup - again) / max(speedup, again)
-                code_name = R.NOT_REPRODUCIBLE if spread > config.recheck_tolerance else R.RECHECKED
+                code_name = R.NOT_REPRODUCIBLE if spread > config.timing.recheck_tolerance else R.RECHECKED
                 reasons.append(
                     R.reason(
                         code_name,
@@ -1037,7 +1017,7 @@ class Evaluator:
                 if again < speedup:
                     speedup = again
                     interval = second.get("speedup_ci")
-                    reference, candidate = answer_timings(second, config.keep_samples)
+                    reference, candidate = answer_timings(second, config.timing.keep_samples)
         if verdict == "correct" and reference and candidate:
             uneven = uneven_spread(reference, candidate)
             reasons += [uneven] if uneven else []
@@ -1059,7 +1039,7 @@ class Evaluator:
 
     @staticmethod
     def _needs_recheck(speedup: float, config: EvalConfig) -> bool:
-        threshold = config.speedup_recheck
+        threshold = config.timing.speedup_recheck
         return threshold is not None and speedup >= threshold
 
     def _build(self, item: _Item, lane: _Lane) -> EvaluationResult | None:
@@ -1073,7 +1053,7 @@ class Evaluator:
         build_dir.mkdir(parents=True, exist_ok=True)
         item.build_dir = build_dir
         sides = self._sides(config, lane, self._env(item.code, lane))
-        jobs = build_jobs(len(sides.candidate.cpus) or len(os.sched_getaffinity(0)), self._compile_workers())
+        jobs = build_jobs(len(os.sched_getaffinity(0)), self._compile_workers())
         env = {**sides.env, "MAX_JOBS": os.environ.get("MAX_JOBS", str(jobs))}
         sides = dataclasses.replace(sides, env=env)
         walls = dataclasses.replace(sides.candidate, write=(str(build_dir),))
@@ -1084,13 +1064,13 @@ class Evaluator:
             item.task.code,
             item.code,
             0,
-            timeout=3 * config.compile_timeout_s,
+            timeout=3 * config.limits.compile_timeout_s,
             cancel=item.cancel,
         )
         item.evaluation = evaluation
         try:
             with BuildDirectory(build_dir):
-                outcome = evaluation.build(walls, config.compile_timeout_s)
+                outcome = evaluation.build(walls, config.limits.compile_timeout_s)
         finally:
             item.evaluation = None
         item.stages["build"] = outcome.seconds
@@ -1124,7 +1104,7 @@ class Evaluator:
     def _pins_timing(config: EvalConfig, lane: _Lane) -> bool:
         """On the CPU the timed call's own threads do the work: one CPU holds them only when
         there is one (pinning the timing thread pins the threads it starts too)."""
-        return config.pin_timing and (lane.visible is not None or config.cpu_threads == 1)
+        return config.timing.pin_cpu and (lane.visible is not None or config.cpu_threads == 1)
 
     def _lane_slots(self) -> int:
         if self.config.lane_slots is not None:
@@ -1423,7 +1403,7 @@ class Evaluator:
     ) -> tuple[dict[str, Timing], dict[str, str]]:
         """`baselines` plus why each missing mode is missing."""
         lane = self._probe_lanes()[0]
-        timeout = max(self.config.timeout_seconds, 120.0) * 2
+        timeout = max(self.config.limits.timeout_seconds, 120.0) * 2
         message = {
             "op": "baselines",
             "config": self.config.model_dump(mode="json"),

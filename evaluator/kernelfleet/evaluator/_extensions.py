@@ -3,7 +3,7 @@
 The evaluator's build pool compiles a candidate's C++/CUDA extensions in the candidate's build
 directory (keyed by its source); the evaluation and a re-check are later processes that call
 the same `load_inline` again. Two things made those processes compile again, each for up to
-minutes while holding a device slot (seen on the H200 with the published kernels):
+minutes while holding a device slot (seen with the published kernels):
 
 - **Names after the process id.** Some candidates name an extension `f"ext_{os.getpid()}"`
   (4 of the 227 published kernels), so every process asked for a new one. Here the process id in

@@ -32,7 +32,7 @@ from kernelfleet.evaluator._outputs import (
     tensor_bytes,
     to_device,
 )
-from kernelfleet.evaluator._timing import InputBank, _Clock, clock_for, launch_level_us, pin_timing_thread
+from kernelfleet.evaluator._timing import InputBank, _Clock, clock_for, pin_timing_thread
 from kernelfleet.evaluator._wire import Channel, ChannelClosed, MalformedTensors, read_tree, write_tree
 
 _SLACK = 1 << 20
@@ -213,7 +213,6 @@ class JudgeSession:
     def round(self, request: dict[str, Any]) -> dict[str, Any]:
         assert self.bank is not None and self.clock is not None
         buffers, model = self.buffers, self.session.ref_model
-        primer_ms = self.clock.prime(lambda: model(*buffers)) if request.get("prime") else 0.0
         moves = [tuple(m) if m is not None else None for m in request["moves"]]
         self.bank.fill(self.buffers, int(request["index"]), moves)
         if self.flush is not None:
@@ -225,7 +224,7 @@ class JudgeSession:
         if request.get("keep"):
             self.kept = clone_tree(out)
         del out
-        return {"ms": elapsed, "naive": naive, "spill": spill, "primer_ms": primer_ms}
+        return {"ms": elapsed, "naive": naive, "spill": spill}
 
     def check_round(self, request: dict[str, Any]) -> dict[str, Any]:
         try:
@@ -252,8 +251,6 @@ def serve(channel: Channel, scratch: Path) -> None:
             if op == "setup":
                 judge = JudgeSession(request, scratch)
                 answer = judge.setup()
-            elif op == "launch_level":
-                answer = {"launch_us": launch_level_us(torch.device(str(request["device"])))}
             elif op in ("baselines", "probe"):
                 config = EvalConfig.model_validate(request["config"])
                 job = Job(

@@ -13,8 +13,7 @@ does, one request at a time:
    while the candidate calls, where scratch permits;
 3. timing, with the device's timing lane held: both sides load the same input bank; each round
    this process draws the inputs, the perturbation, the seed and the order, and asks each side
-   in turn to time its call (short calls after an untimed primer call on the last round's
-   values, so that each timed call starts warm); some rounds, chosen after the fact, the candidate's output is
+   in turn to time its call; some rounds, chosen after the fact, the candidate's output is
    shipped to the judge and compared with the reference's for the same inputs. Every round is
    also timed from here, outside both processes, and a candidate whose own numbers fall short
    of that outside clock by more than the judge's do is rejected (`clock-mismatch`).
@@ -29,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import os
 import random
 import secrets
@@ -48,13 +46,11 @@ from kernelfleet.evaluator._ops import builds_custom_kernel, declared_kernels, f
 from kernelfleet.evaluator._sandbox import Sandbox, SandboxChild, SandboxError, Walls, host_pid
 from kernelfleet.evaluator._timing import (
     AdaptiveTiming,
-    LaunchFloor,
     TimingRun,
     adaptive_timing,
     decide,
     escaped_work_ms,
     stats,
-    wants_primer,
 )
 from kernelfleet.evaluator._wire import ChannelClosed, ProtocolError
 
@@ -133,7 +129,6 @@ class Evaluation:
         keep_reference: Callable[[dict[str, str], list[float]], None] | None = None,
         gpu_gate: GpuGate | None = None,
         timing_cpu: int | None = None,
-        launch_floor: LaunchFloor | None = None,
     ) -> None:
         self.sandbox = sandbox
         self.sides = sides
@@ -156,9 +151,6 @@ class Evaluation:
         self.gpu_gate = gpu_gate
         # Both sides' timing threads run on this CPU (EvalConfig.pin_timing); None: anywhere.
         self.timing_cpu = timing_cpu
-        # The device's fastest launch level so far (EvalConfig.launch_tolerance); None: keep
-        # whichever processes start.
-        self.launch_floor = launch_floor
         self.timing_now = False  # this evaluation holds the timing lane: its steps pass
         # What it does or waits for now, in words (the evaluator's watchdog names it).
         self.doing = "starting its processes"
@@ -191,48 +183,6 @@ class Evaluation:
             return self.sandbox.spawn(role, walls, env)
         except SandboxError as error:
             raise _JudgeFailed(f"the sandbox could not start the {role}: {error}") from None
-
-    def _settled(self, role: str, child: SandboxChild, walls: Walls) -> SandboxChild:
-        """`child`, or a fresh process in its place while its launch level is more than
-        launch_tolerance above the device's fastest (at most launch_rerolls times). Nothing is
-        loaded yet, so a replacement costs a process start and a context; the level is measured
-        by the evaluator's code alone. A process that cannot say its level is kept: the
-        evaluation then finds out what is wrong with it."""
-        assert self.launch_floor is not None and self.config.launch_tolerance is not None
-        message = {
-            "op": "launch_level",
-            "device": "cuda:0" if self.config.device.startswith("cuda") else "cpu",
-        }
-        tolerance = self.config.launch_tolerance
-        for attempt in range(self.config.launch_rerolls + 1):
-            try:
-                level = self._launch_level(child, message)
-                if math.isfinite(level) and not self.launch_floor.near(level, tolerance):
-                    # Other evaluations' correctness steps share the device outside a timing,
-                    # and time-sliced beside them the chain runs slow: only a measurement made
-                    # while the device is quiet (the lane held, the gate closed, as a timing)
-                    # may cost a process. A neighbour can only slow a round, so the faster
-                    # figure stands.
-                    self.launch_floor.rechecking()
-                    with self._lane_held(), self._device_quiet():
-                        level = min(level, self._launch_level(child, message))
-            except (ChannelClosed, OSError, ProtocolError, TypeError, ValueError):
-                return child
-            if not math.isfinite(level):
-                return child
-            if self.launch_floor.keeps(level, tolerance) or attempt == self.config.launch_rerolls:
-                return child
-            self.launch_floor.replacing()
-            child.close()  # kills it, waits for its exit, drops its files
-            child = self._spawn(role, walls, self.sides.env)
-        return child
-
-    def _launch_level(self, child: SandboxChild, message: dict[str, Any]) -> float:
-        """The child's launch level (us): a GPU step, so never while another evaluation times
-        (unless this one holds the lane)."""
-        with self._gpu_step(message):
-            child.channel.send(message)
-            return float(self._receive(child).get("launch_us", "nan"))
 
     @contextlib.contextmanager
     def _lane_held(self) -> Iterator[float]:
@@ -512,10 +462,6 @@ class Evaluation:
         with self.stage("process_start"):
             self.judge = self._spawn("judge", self.sides.judge, self.sides.env)
             self.cand = self._spawn("candidate", self.sides.candidate, self.sides.env)
-        if self.launch_floor is not None and config.launch_tolerance is not None:
-            with self.stage("launch_level"):
-                self.judge = self._settled("judge", self.judge, self.sides.judge)
-                self.cand = self._settled("candidate", self.cand, self.sides.candidate)
         setup = self.ask_judge(
             {
                 "op": "setup",
@@ -556,7 +502,7 @@ class Evaluation:
                 self._correctness()
                 self._inspect()
             self.ask({"op": "native_threads"})
-            if config.timing:
+            if config.timing.enabled:
                 timing = self._timed()
             if any(R.is_rejecting(text) for text in self.reasons):
                 verdict = "rejected"
@@ -602,7 +548,7 @@ class Evaluation:
         calls, and for large inputs (40 of the 248 v0 tasks make more than 50 MB) making them
         is a third of a correctness call."""
         sets = None if self.input_bytes is None else 2 * self.input_bytes + self.output_bytes
-        if sets is None or sets > self.config.scratch_bytes // 4:
+        if sets is None or sets > self.config.limits.scratch_bytes // 4:
             return None
         self.ahead = self.name("in")
         return {"op": "inputs", "seed": self.rng.getrandbits(31), "name": self.ahead}
@@ -664,7 +610,7 @@ class Evaluation:
             raise _Stop("rejected" if any(R.is_rejecting(t) for t in self.reasons) else "incorrect")
 
     def _correctness(self) -> None:
-        trials = self.config.correctness_trials
+        trials = self.config.correctness.trials
         for trial in range(trials):
             stage = f"correctness trial {trial + 1}"
             self._judged(self._call(stage), stage)
@@ -737,7 +683,7 @@ class Evaluation:
             if not answer.get("ok"):
                 self.reasons.extend(str(t) for t in answer.get("reasons", []))
                 raise _Stop("rejected" if any(R.is_rejecting(t) for t in self.reasons) else "incorrect")
-        if self.config.require_kernel:
+        if self.config.correctness.require_kernel:
             self._require_kernel(trace)
         if any(R.is_rejecting(text) for text in self.reasons):
             raise _Stop("rejected")
@@ -823,7 +769,7 @@ class Evaluation:
         # (1:11's 2.1 GB): several evaluations holding such banks while they wait for the lane
         # could fill the device, and an out-of-memory in the candidate's process would read as
         # its fault; those are made with the lane held, one at a time, as before.
-        early = self.input_bytes is not None and 8 * self.input_bytes <= self.config.scratch_bytes
+        early = self.input_bytes is not None and 8 * self.input_bytes <= self.config.limits.scratch_bytes
         bank = None
         if early:
             with self.stage("timing_inputs"):
@@ -849,10 +795,9 @@ class Evaluation:
         # Both sides time with the same flush and, when pinned, on the same CPU.
         timing = {
             "op": "clock",
-            "flush_bytes": config.resolved_flush_bytes(config.device != "cpu"),
+            "flush_bytes": config.timing.resolved_flush_bytes(config.device != "cpu"),
             "cpu": self.timing_cpu,
-            "clock": config.timing_clock,
-            "lead_us": config.timing_lead_us,
+            "lead_us": config.timing.lead_us,
         }
         # The judge measured how many writes make the lead: the candidate's side makes as many.
         self.ask({**timing, "reps": self.ask_judge(timing).get("reps")})
@@ -886,15 +831,13 @@ class Evaluation:
                 raise _JudgeFailed(f"the judge answered with an invalid message: {error}") from None
             span = (time.perf_counter() - begin) * 1e3
             answer = self._judge_answer(raw) if label == "reference" else self._candidate_answer(raw)
-            ms, naive, primer = answer.get("ms"), answer.get("naive"), answer.get("primer_ms", 0.0)
+            ms, naive = answer.get("ms"), answer.get("naive")
             spill = answer.get("spill")
             if (
                 not isinstance(ms, int | float)
                 or ms < 0
                 or (naive is not None and not isinstance(naive, int | float))
                 or (spill is not None and not isinstance(spill, int | float))
-                or not isinstance(primer, int | float)
-                or primer < 0
             ):
                 raise _Stop("rejected", [_broken("its process answered a timing that is not a number")])
             if label == "candidate" and self.config.device != "cpu" and (naive is None or spill is None):
@@ -903,7 +846,7 @@ class Evaluation:
                 raise _Stop(
                     "rejected", [_broken("its process answered a GPU timing without its stream figures")]
                 )
-            busy = float(ms) + float(primer)  # what the outside clock saw the side's process do
+            busy = float(ms)  # what the side's process says it did, for the outside clock
             if label == "candidate" and busy > span + 1.0:
                 raise _Stop(
                     "rejected",
@@ -925,30 +868,24 @@ class Evaluation:
             )
 
         light = [False]  # True: the reference runs only on drift-check rounds (and spot checks)
-        # Warm-up rounds are primed while timing_primer_ms is set; the first batch's warm-up
-        # figures then decide for the timed rounds of every batch (both sides alike).
-        prime = [config.timing_primer_ms > 0]
-        warm: dict[str, list[float]] = {"reference": [], "candidate": []}
 
         def measure(rounds: int, first: bool) -> tuple[list[float], list[float]]:
             with self._device_quiet():
                 return measure_quietly(rounds, first)
 
         def measure_quietly(rounds: int, first: bool) -> tuple[list[float], list[float]]:
-            warmup = config.warmup if first else 2
+            warmup = config.timing.warmup if first else 2
             batch: dict[str, list[float]] = {"reference": [], "candidate": []}
             order = ["reference", "candidate"]
             timed_since = 0.0
             for round_index in range(warmup + rounds):
                 if round_index == warmup:
                     timed_since = time.monotonic()
-                    if first:
-                        prime[0] = wants_primer(warm, config.timing_primer_ms)
                 # Slow kernels end a batch on time, so that the settle check (and the exclusive
                 # gate's neighbours) come every few seconds, not after `rounds` calls of 100 ms.
                 last = round_index == warmup + rounds - 1 or (
                     round_index + 1 - warmup >= _MIN_BATCH_ROUNDS
-                    and time.monotonic() - timed_since >= config.timing_batch_s
+                    and time.monotonic() - timed_since >= config.timing.batch_s
                 )
                 counter[0] += 1
                 index = self.rng.randrange(count)
@@ -959,7 +896,7 @@ class Evaluation:
                 keep = timed and (last or self.rng.random() < _SPOT_RATE)
                 # Only the judge is told which rounds are checked; the candidate ships its output
                 # when asked, after its call.
-                message = {"op": "round", "index": index, "moves": moves, "seed": seed, "prime": prime[0]}
+                message = {"op": "round", "index": index, "moves": moves, "seed": seed}
                 messages = {"reference": {**message, "keep": keep}, "candidate": message}
                 both = not light[0] or keep or not timed or (round_index - warmup) % _CHECK_EVERY == 0
                 results = {}
@@ -980,9 +917,6 @@ class Evaluation:
                         )
                 if problem is not None:
                     failed.append((counter[0], problem))
-                if not timed and first:
-                    for label in results:
-                        warm[label].append(results[label][0])
                 if timed:
                     for label in results:
                         ms, naive, spill, span, busy, _ = results[label]
@@ -1006,14 +940,14 @@ class Evaluation:
             light[0] = bank is not None
             return adaptive_timing(
                 measure,
-                trials=config.timing_trials,
-                extra_batches=config.timing_retries,
-                precision=config.timing_precision,
-                max_cv=config.max_speedup_cv,
-                budget_s=config.timing_budget_s,
+                trials=config.timing.trials,
+                extra_batches=config.timing.retries,
+                precision=config.timing.precision,
+                max_cv=config.timing.max_speedup_cv,
+                budget_s=config.timing.budget_s,
                 seed=self.rng.getrandbits(31),
                 reference_bank=bank,
-                drift_tolerance=config.reference_drift,
+                drift_tolerance=config.timing.reference_drift,
             )
 
         known = self.reference_bank(dict(self.settings)) if self.reference_bank is not None else None
@@ -1042,7 +976,7 @@ class Evaluation:
         if mismatch is not None:
             raise _Stop("rejected", [mismatch])
         estimate = timed.estimate
-        speedup, noisy = decide(timed, config.max_speedup_cv)
+        speedup, noisy = decide(timed, config.timing.max_speedup_cv)
         if noisy is not None:
             self.reasons.append(R.reason(R.TIMING_NOISY, noisy))
         if reuse["paired"] and self.keep_reference is not None and timed.reference:

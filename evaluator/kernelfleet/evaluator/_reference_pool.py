@@ -1,7 +1,7 @@
 """A task's reference time, established once per session over several fresh processes.
 
 Why: a process keeps an offset for its life. 2:61's reference (a cuDNN ConvTranspose3d) runs at
-one of two modes 15-20% apart depending on the process, on the H200 and on an H100 alike, and no
+one of two modes 15-20% apart depending on the process, on every GPU measured, and no
 setting tried moved it. Two evaluations of the same candidate, each timing the reference in its
 own two processes, therefore met different modes and disagreed by 5-17%, while the candidate's
 own time agreed within 2% (`reward_service-2026-12-06-morepairs.md`). A pool fixes the reference's
@@ -58,8 +58,8 @@ class ReferencePools:
     Evaluations in flight promise the processes they will bring, so that a burst of candidates of
     one task (a GRPO group, a round of variants) fills the pool from their ordinary pairs: without
     promises each of them saw the whole pool missing and timed extra pairs for it: with 4
-    candidates per task on an H100 they took 1.9x the timing lane's seconds per candidate
-    (`reward_service-2026-12-06-poolvariants.md`). An evaluation that has offered its medians waits
+    candidates per task they took 1.9x the timing lane's seconds per candidate
+    (docs/measurements.md). An evaluation that has offered its medians waits
     for the promises still out, and times more pairs itself only when they end without a pool."""
 
     def __init__(self) -> None:

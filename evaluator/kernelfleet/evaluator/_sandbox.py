@@ -172,9 +172,9 @@ def resolve_level(requested: str, minimum: str | None) -> str:
         raise UsageError(f"isolation 'bubblewrap' needs bwrap:\n{report.describe()}")
     if minimum is not None and isolation_rank(level) < isolation_rank(minimum):
         raise UsageError(
-            f"min_isolation is {minimum!r}, but this machine reaches {level!r} (levels, weakest first: "
+            f"isolation.min_level is {minimum!r}, but this machine reaches {level!r} (levels, weakest first: "
             f"{', '.join(ISOLATION_LEVELS)}); install bubblewrap (apt-get install bubblewrap) or use a "
-            f"kernel with Landlock, or lower --min-isolation\n{report.describe()}"
+            f"kernel with Landlock, or lower --isolation-min-level\n{report.describe()}"
         )
     return level
 
@@ -351,13 +351,9 @@ class Walls:
     file_bytes: int | None = None
     processes: int | None = None
     write: tuple[str, ...] = ()
-    # The CPUs the child runs on, set before anything else it does (EvalConfig.pin_processes):
-    # before CUDA starts, so that the driver's host-side buffers are made there. (): as the sandbox.
-    cpus: tuple[int, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "cpus": list(self.cpus),
             "landlock": self.landlock,
             "seccomp": self.seccomp,
             "read": read_paths() if self.landlock else [],

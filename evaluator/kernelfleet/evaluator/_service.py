@@ -35,29 +35,42 @@ from typing import Any
 from pydantic import ValidationError
 
 from kernelfleet.core.models import EvaluationResult, Task
+from kernelfleet.core.settings import merged
 from kernelfleet.core.tasks import missing_task_names
 from kernelfleet.evaluator._config import PROFILES, EvalConfig
 from kernelfleet.evaluator._evaluator import EvaluationCancelled, Evaluator
 
 log = logging.getLogger(__name__)
 
-# Options a request may set; the device, caches and worker counts are the server's.
+# Options a request may set, by path (grouped as EvalConfig is: {"timing": {"trials": 7}}); the
+# device, caches and worker counts are the server's.
 REQUEST_OPTIONS = frozenset(
     {
-        "correctness_trials",
-        "timing_trials",
-        "warmup",
-        "require_kernel",
-        "float64_reference",
+        "correctness.trials",
+        "correctness.require_kernel",
+        "correctness.float64_reference",
+        "timing.trials",
+        "timing.warmup",
+        "timing.enabled",
+        "timing.speedup_recheck",
+        "timing.precision",
+        "timing.processes",
+        "timing.keep_samples",
+        "limits.timeout_seconds",
         "seed",
-        "timing",
-        "timeout_seconds",
-        "speedup_recheck",
-        "timing_precision",
-        "timing_processes",
-        "keep_samples",
     }
 )
+
+
+def option_paths(options: dict[str, Any], prefix: str = "") -> list[str]:
+    """The paths a request's options set: {"timing": {"trials": 7}} -> ["timing.trials"]."""
+    paths: list[str] = []
+    for key, value in options.items():
+        path = f"{prefix}{key}"
+        paths += option_paths(value, path + ".") if isinstance(value, dict) else [path]
+    return paths
+
+
 MAX_BODY = 8 * 1024 * 1024
 MAX_BATCH = 256
 
@@ -127,7 +140,7 @@ class EvaluationService:
         options = body.get("options") or {}
         if not isinstance(options, dict):
             raise RequestError(400, "'options' must be an object")
-        bad = sorted(set(options) - REQUEST_OPTIONS)
+        bad = sorted(set(option_paths(options)) - REQUEST_OPTIONS)
         if bad:
             raise RequestError(
                 400, f"option(s) {bad} cannot be set per request; allowed: {sorted(REQUEST_OPTIONS)}"
@@ -136,9 +149,9 @@ class EvaluationService:
         if profile is not None:
             if profile not in PROFILES:
                 raise RequestError(400, f"unknown profile {profile!r}; choose from {sorted(PROFILES)}")
-            options = {**options, "profile": profile}
+            options = merged(options, {"correctness": {"profile": profile}})
         try:
-            config = EvalConfig.model_validate({**self.evaluator.config.model_dump(), **options})
+            config = EvalConfig.model_validate(merged(self.evaluator.config.model_dump(), options))
         except ValidationError as error:
             problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
             raise RequestError(400, f"bad option: {problems}") from None
@@ -278,24 +291,6 @@ class EvaluationService:
             "gauge",
             "Share of the uptime each device had at least one candidate process.",
             [(f'{{lane="{k}"}}', v) for k, v in snap["lane_active_share"].items()],
-        )
-        metric(
-            "kernelfleet_eval_launch_processes_total",
-            "counter",
-            "Fresh processes whose launch level was measured (EvalConfig.launch_tolerance), per device.",
-            [(f'{{lane="{k}"}}', float(v)) for k, v in snap["launch_processes"].items()],
-        )
-        metric(
-            "kernelfleet_eval_launch_replaced_total",
-            "counter",
-            "Of those, processes replaced for launching slower than the device's fastest.",
-            [(f'{{lane="{k}"}}', float(v)) for k, v in snap["launch_replaced"].items()],
-        )
-        metric(
-            "kernelfleet_eval_launch_rechecked_total",
-            "counter",
-            "Launch levels measured again on a quiet device before a process would be replaced.",
-            [(f'{{lane="{k}"}}', float(v)) for k, v in snap["launch_rechecked"].items()],
         )
         metric(
             "kernelfleet_eval_stage_seconds_total",

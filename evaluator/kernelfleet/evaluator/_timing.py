@@ -7,9 +7,7 @@ last-level cache is flushed by writing a buffer larger than it, and the device i
 the call is then queued behind about a millisecond of GPU work (the lead) and timed between
 events on the caller's stream; afterwards the host waits for the whole device, and a candidate
 that leaves more work than the reference on other streams (its spill) is caught (`_Clock` says
-why, and keeps evaluator 0.5.0's clock as an option). An optional primer (an untimed call on the
-last round's values) makes every timed call a warm one, as KernelBench's back-to-back calls are.
-On the CPU the same protocol runs with a wall clock.
+why). On the CPU the same protocol runs with a wall clock.
 """
 
 from __future__ import annotations
@@ -20,7 +18,6 @@ import math
 import os
 import random
 import statistics
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -81,110 +78,21 @@ def pin_timing_thread(cpu: object) -> None:
         os.sched_setaffinity(0, {int(cpu)})  # type: ignore[call-overload]
 
 
-# --------------------------------------------------------------- a process's launch level
-
-_CHAIN_KERNELS = 20
-_CHAIN_ROUNDS = 25
-
-
-def launch_level_us(device: torch.device) -> float:
-    """Microseconds this process takes to run a chain of 20 tiny kernels, queued behind a lead of
-    real GPU work (so the CPU's launch time is hidden): the fastest of 25 rounds. Run in a fresh
-    process before anything else loads (its context is made here).
-
-    Why: on the H200 a process keeps one of two levels for such a chain for its whole life (about
-    36.5 or 39.5 us, by process, wherever its CPUs or its memory lie), and every short call it times
-    carries the same offset: 50-100 us KernelBench calls followed the chain's level with a
-    correlation of 0.69-0.90 over 14 processes (docs/evaluator.md). The judge and the candidate are
-    two processes, so two levels make a speedup a few per cent apart from one process pair to the
-    next. The fastest round, not the median: a neighbour's kernels can only make a round slower."""
-    if device.type != "cuda":  # the CPU has no such levels; a wall clock keeps the step testable
-        small = torch.zeros(1024)
-        best = math.inf
-        for _ in range(_CHAIN_ROUNDS):
-            begin = perf_counter()
-            for _ in range(_CHAIN_KERNELS):
-                small.add_(1.0)
-            best = min(best, (perf_counter() - begin) * 1e6)
-        return best
-    torch.cuda.set_device(device)
-    small = torch.zeros(1024, device=device)
-    lead = torch.empty(LEAD_BYTES, dtype=torch.uint8, device=device)
-    start, end = CudaEvent(enable_timing=True), CudaEvent(enable_timing=True)
-    best = math.inf
-    for round_ in range(_CHAIN_ROUNDS + 3):  # three warm-up rounds
-        for _ in range(12):  # ~0.15 ms of writes on the H200: longer than launching the chain
-            lead.zero_()
-        start.record()
-        for _ in range(_CHAIN_KERNELS):
-            small.add_(1.0)
-        end.record()
-        end.synchronize()
-        if round_ >= 3:
-            best = min(best, start.elapsed_time(end) * 1e3)
-    del small, lead
-    torch.cuda.empty_cache()  # the evaluation's memory starts as if this had not run
-    return best
-
-
-class LaunchFloor:
-    """The fastest launch level (`launch_level_us`) the processes of one device have shown, and
-    whether a new process is close enough to it (EvalConfig.launch_tolerance) to keep. Shared by
-    every evaluation of the device; the levels are measured before any candidate code loads, so a
-    candidate cannot move the floor, only slow its own process's measurement (which costs it a
-    re-roll, never a better speedup)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.best_us: float | None = None
-        self.processes = 0
-        self.replaced = 0
-        self.rechecked = 0  # levels measured again on a quiet device before a replacement
-
-    def near(self, level_us: float, tolerance: float) -> bool:
-        """Whether `level_us` is within `tolerance` of the fastest so far (nothing counted)."""
-        with self._lock:
-            return self.best_us is None or level_us <= self.best_us * (1 + tolerance)
-
-    def rechecking(self) -> None:
-        """One level is being measured again, on a quiet device (a count for reports)."""
-        with self._lock:
-            self.rechecked += 1
-
-    def keeps(self, level_us: float, tolerance: float) -> bool:
-        with self._lock:
-            self.processes += 1
-            if self.best_us is None or level_us < self.best_us:
-                self.best_us = level_us
-            return level_us <= self.best_us * (1 + tolerance)
-
-    def replacing(self) -> None:
-        """One process is being replaced (a count for reports: measured = kept + replaced)."""
-        with self._lock:
-            self.replaced += 1
-
-
-CLOCKS = ("device", "stream")
-
-
 class _Clock:
     """Times one call: CUDA events, or the CPU's clock on the CPU.
 
-    `stream` (the default): the sample is what KernelBench measures, the time between start and
-    end events on the caller's stream. The host then waits for the whole device; how long that
-    took beyond an empty wait is the call's spill (work it left on other streams), which the
-    side-stream check compares with the reference's. The host's wait is not in the sample: it
-    differed by 5-30 us between processes. `device` (evaluator 0.5.0's clock): the end event is
-    recorded after a device-wide synchronisation, so the sample holds work on any stream and the
-    host's latency in noticing the end; its spill is the sample less the caller's-stream
-    figure.
+    The sample is what KernelBench measures, the time between start and end events on the
+    caller's stream. The host then waits for the whole device; how long that took beyond an empty
+    wait is the call's spill (work it left on other streams), which the side-stream check compares
+    with the reference's. The host's wait is not in the sample: it differs from process to process
+    (evaluator 0.5.0 to 0.8.9 offered a clock that held it, `timing_clock='device'`).
 
     `lead_us` queues at least that many microseconds of real GPU work (writes of the cache-flush
     buffer, the last of them the flush itself) in front of the start event, with no wait on the
     host between them and the call, so that the call's launches queue behind it, as when the CPU
-    runs ahead of the GPU in a loop. On the H200 a call made after the host had idled a few
-    milliseconds (as every timed call is, between two rounds' exchanges) reached the idle GPU up
-    to 0.2 ms late, by an amount that changed from process to process; neither a one-thread GPU
+    runs ahead of the GPU in a loop. A call made after the host had idled a few milliseconds (as
+    every timed call is, between two rounds' exchanges) reached the idle GPU late, by an amount
+    that changed from process to process; neither a one-thread GPU
     spin nor 3 ms of real work waited for on the host before the call helped. Behind the lead the
     same call timed alike after any wait. Launch time beyond the lead still counts. The judge
     measures how many writes make the lead (`reps`) and the candidate's side makes as many."""
@@ -192,20 +100,15 @@ class _Clock:
     def __init__(
         self,
         device: torch.device,
-        mode: str = "device",
         lead_us: float = 0.0,
         flush: torch.Tensor | None = None,
         reps: int | None = None,
     ) -> None:
-        if mode not in CLOCKS:
-            raise ValueError(f"unknown timing clock {mode!r}: use one of {', '.join(CLOCKS)}")
         self.cuda = device.type == "cuda"
         self.device = device
-        self.mode = mode
         self.lead_reps = 0
         if self.cuda:
             self.start = CudaEvent(enable_timing=True)
-            self.naive_end = CudaEvent(enable_timing=True)
             self.end = CudaEvent(enable_timing=True)
             if lead_us > 0:
                 self.lead = (
@@ -229,18 +132,10 @@ class _Clock:
         if self.cuda:
             cuda_synchronize(self.device)
 
-    def prime(self, call: Callable[[], Any]) -> float:
-        """The untimed call before a timed one: made, waited for and dropped. Its time (same
-        clock) is returned for the outside clock's accounting, never as a sample."""
-        elapsed, _, _, out = self.measure(call)
-        del out
-        return elapsed
-
     def measure(self, call: Callable[[], Any]) -> tuple[float, float | None, float | None, Any]:
         """(sample ms, caller's-stream ms, spill ms, the call's output). The spill is how long
-        the rest of the device took after the caller's stream was done, host latency included
-        (`device`: the end event's lateness; `stream`: the host's wait less an empty wait's);
-        None on the CPU, as the caller's-stream figure is."""
+        the rest of the device took after the caller's stream was done (the host's wait less an
+        empty wait's); None on the CPU, as the caller's-stream figure is."""
         if not self.cuda:
             begin = perf_counter()
             out = call()
@@ -250,23 +145,17 @@ class _Clock:
             self.lead.zero_()
         self.start.record()
         out = call()
-        self.naive_end.record()
-        if self.mode == "stream":
-            self.naive_end.synchronize()
-            # The wait for the rest of the device, less what a wait costs when nothing is left
-            # (a second one right after): 20-25 us on the H200, and as unsteady as the host.
-            first = perf_counter()
-            cuda_synchronize(self.device)
-            second = perf_counter()
-            cuda_synchronize(self.device)
-            rest_ms = ((second - first) - (perf_counter() - second)) * 1e3
-            naive = self.start.elapsed_time(self.naive_end)
-            return naive, naive, rest_ms, out
-        cuda_synchronize(self.device)
         self.end.record()
         self.end.synchronize()
-        full, naive = self.start.elapsed_time(self.end), self.start.elapsed_time(self.naive_end)
-        return full, naive, full - naive, out
+        # The wait for the rest of the device, less what a wait costs when nothing is left
+        # (a second one right after), as unsteady as the host.
+        first = perf_counter()
+        cuda_synchronize(self.device)
+        second = perf_counter()
+        cuda_synchronize(self.device)
+        rest_ms = ((second - first) - (perf_counter() - second)) * 1e3
+        naive = self.start.elapsed_time(self.end)
+        return naive, naive, rest_ms, out
 
 
 LEAD_BYTES = 64 * 1024 * 1024  # the lead's buffer when there is no flush buffer to write
@@ -278,23 +167,10 @@ def clock_for(request: dict[str, Any], device: torch.device, flush: torch.Tensor
     also carries the judge's `reps`)."""
     return _Clock(
         device,
-        str(request.get("clock") or "device"),
         float(request.get("lead_us") or 0.0),
         flush,
         int(request["reps"]) if request.get("reps") else None,
     )
-
-
-def wants_primer(warm: dict[str, list[float]], below_ms: float) -> bool:
-    """Whether the timed calls get a primer: when either side's warm-up calls took under
-    `below_ms` at the median. A call after a wait starts late by about 0.1 ms (a 0.1 ms matmul
-    timed 0.17-0.29 ms after 0.5-50 ms waits on the H200, 0.10 ms right after a call): a share
-    only short calls feel, while a primer doubles every round's cost. Both sides or neither, so
-    the two are always timed alike; `below_ms` 0 never; no warm-up figures, always."""
-    if below_ms <= 0:
-        return False
-    medians = [statistics.median(v) for v in warm.values() if v]
-    return not medians or min(medians) < below_ms
 
 
 def run_timing(
@@ -309,30 +185,21 @@ def run_timing(
     check_round: Callable[[dict[str, Any]], str | None] | None = None,
     release: Callable[[dict[str, Any]], None] | None = None,
     on_flush: Callable[[], None] | None = None,
-    primer_below_ms: float = 0.0,
-    clock_mode: str = "device",
     lead_us: float = 0.0,
 ) -> TimingRun:
     """Time every subject `trials` times after `warmup` rounds; `check_round` sees each round's
-    outputs and returns a problem or None; `release` disposes of them. Warm-up calls are primed
-    whenever `primer_below_ms` is set; timed calls as `wants_primer` decides from them."""
+    outputs and returns a problem or None; `release` disposes of them."""
     flush = torch.empty(flush_bytes, dtype=torch.uint8, device=device) if flush_bytes > 0 else None
-    clock = _Clock(device, clock_mode, lead_us, flush)
-    warm: dict[str, list[float]] = {s.label: [] for s in subjects}
-    prime = primer_below_ms > 0
+    clock = _Clock(device, lead_us, flush)
     run = TimingRun({s.label: [] for s in subjects}, {s.label: [] for s in subjects})
     order = list(subjects)
     for round_index in range(warmup + trials):
-        if round_index == warmup:
-            prime = wants_primer(warm, primer_below_ms)
         index, moves = bank.draw(rng)
         seed = rng.getrandbits(31)
         rng.shuffle(order)
         outputs: dict[str, Any] = {}
         for subject in order:
             call: Callable[[], Any] = functools.partial(subject.call, subject.buffers)
-            if prime:
-                clock.prime(call)  # on the last round's values, before this round's are filled in
             bank.fill(subject.buffers, index, moves)
             if flush is not None:
                 flush.zero_()
@@ -341,9 +208,7 @@ def run_timing(
             manual_seed(seed)
             clock.sync()
             elapsed, naive, spill, out = clock.measure(call)
-            if round_index < warmup:
-                warm[subject.label].append(elapsed)
-            else:
+            if round_index >= warmup:
                 run.samples[subject.label].append(elapsed)
                 if naive is not None and spill is not None:
                     run.naive[subject.label].append(naive)

@@ -187,9 +187,6 @@ def _child(
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     os.setpgid(0, 0)
-    cpus = (request.get("walls") or {}).get("cpus")
-    if cpus:  # first: CUDA, which the role starts, makes its host-side buffers where it runs
-        os.sched_setaffinity(0, [int(cpu) for cpu in cpus])
     _confine.die_with_parent()
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)

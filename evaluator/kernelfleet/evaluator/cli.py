@@ -2,9 +2,13 @@
 
     kernelfleet eval --reference REF.py --candidate CAND.py [--device cpu|cuda|cuda:N]
                      [--profile strict|strict-tf32|kernelbench-v0] [--trials N] [--json]
-                     [--timeout S] [--memory-limit SIZE] [--min-isolation LEVEL]
+                     [--timeout S] [--limits-memory SIZE] [--isolation-min-level LEVEL]
     kernelfleet eval serve [--host H] [--port P] [--token-file F] [--device D] [--max-queue N]
-    kernelfleet eval isolation [--min-isolation LEVEL]
+    kernelfleet eval isolation [--isolation-min-level LEVEL]
+
+Every evaluation setting is a flag named by its path: `timing.processes` is `--timing-processes`
+(`--profile`, `--trials` and `--timeout` are short for `--correctness-profile`,
+`--timing-trials` and `--limits-timeout-seconds`).
 
 The exit status is 0 whenever an evaluation completed, whatever the verdict, and 2 for bad
 usage or an unreadable file (or a reference that fails on its own), with a message that says
@@ -25,8 +29,8 @@ from kernelfleet.core import reasons as R
 from kernelfleet.core.errors import UsageError
 from kernelfleet.core.jsontext import dumps, finite
 from kernelfleet.core.models import EvaluationResult, Task
-from kernelfleet.core.options import Flag, ModelOptions
-from kernelfleet.core.settings import ISOLATION_LEVELS, EvaluationSettings, isolation_rank
+from kernelfleet.core.options import Flag, ModelOptions, leaf_fields
+from kernelfleet.core.settings import ISOLATION_LEVELS, EvaluationSettings, isolation_rank, merged
 from kernelfleet.core.tasks import missing_task_names, read_source
 from kernelfleet.evaluator._config import BASELINE_MODES, EvalConfig
 from kernelfleet.evaluator._evaluator import Evaluator
@@ -35,28 +39,35 @@ from kernelfleet.evaluator._evaluator import Evaluator
 # there); `--trials` is the short name of `--timing-trials`.
 _SHARED_FLAGS = (
     Flag("device", default_text="cuda if available, else cpu", metavar="DEVICE"),
-    Flag("timing_trials", ("--timing-trials", "--trials"), metavar="N"),
-    Flag("timeout_seconds", ("--timeout",), metavar="S"),
-    Flag("memory_limit", metavar="SIZE"),
-    Flag("min_isolation", metavar="LEVEL"),
-    Flag("isolation", metavar="LEVEL"),
+    Flag("correctness.profile", ("--correctness-profile", "--profile")),
+    Flag("timing.trials", ("--timing-trials", "--trials"), metavar="N"),
+    Flag("limits.timeout_seconds", ("--limits-timeout-seconds", "--timeout"), metavar="S"),
+    Flag("limits.memory", metavar="SIZE"),
+    Flag("isolation.min_level", metavar="LEVEL"),
+    Flag("isolation.level", metavar="LEVEL"),
 )
 EVAL_OPTIONS = ModelOptions(
     EvalConfig,
     *_SHARED_FLAGS,
-    only=["device", *EvaluationSettings.model_fields, "isolation", "float64_reference", "seed"],
+    only=[
+        "device",
+        *leaf_fields(EvaluationSettings),
+        "isolation.level",
+        "correctness.float64_reference",
+        "seed",
+    ],
 )
 # `eval serve` is one long session over many candidates of each task (an RL group, optimisation
-# rounds): the case that a reference pool and more pairs where pairs disagree pay for. Side by side
-# on an H100 they kept re-timings within p90 1.04% and 1.09% (defaults 1.83% and 5.26%) and cost 10%
-# with 4 candidates per task (docs/evaluator.md). A flag, a request's options or a job's spec
-# overrides them; `--reference-processes 0` turns the pool off.
-SERVE_DEFAULTS: dict[str, Any] = {"reference_processes": 4, "timing_processes_max": 4}
+# rounds): the case that a reference pool and more pairs where pairs disagree pay for (the figures
+# are in docs/measurements.md). A flag, a request's options or a job's spec overrides them;
+# `--timing-reference-processes 0` turns the pool off.
+SERVE_DEFAULTS: dict[str, Any] = {"timing": {"reference_processes": 4, "processes_max": 4}}
 SERVE_OPTIONS = ModelOptions(
     EvalConfig,
     *_SHARED_FLAGS,
-    *(Flag(field, default_text=f"{value} in eval serve") for field, value in SERVE_DEFAULTS.items()),
-    only=["device", *EvaluationSettings.model_fields, "isolation", "lane_slots"],
+    Flag("timing.reference_processes", default_text="4 in eval serve"),
+    Flag("timing.processes_max", default_text="4 in eval serve"),
+    only=["device", *leaf_fields(EvaluationSettings), "isolation.level", "lane_slots"],
 )
 
 
@@ -96,9 +107,11 @@ def register(subcommands: argparse._SubParsersAction) -> None:
         "isolation",
         help="how well this machine can wall candidates in",
         description="Detect bubblewrap, Landlock and seccomp, and print the isolation level candidates "
-        "will run at (docs/sandbox.md). Exit status 1 when it is below --min-isolation.",
+        "will run at (docs/sandbox.md). Exit status 1 when it is below --isolation-min-level.",
     )
-    isolation.add_argument("--min-isolation", default=None, choices=ISOLATION_LEVELS, metavar="LEVEL")
+    isolation.add_argument(
+        "--isolation-min-level", dest="min_isolation", default=None, choices=ISOLATION_LEVELS, metavar="LEVEL"
+    )
     isolation.set_defaults(handler=run_isolation)
 
 
@@ -135,10 +148,11 @@ def _default_device() -> str:
 def _config(
     args: argparse.Namespace, options: ModelOptions[EvalConfig], defaults: dict[str, Any] | None = None
 ) -> EvalConfig:
-    values: dict[str, Any] = {**(defaults or {}), **options.given(args)}
+    values: dict[str, Any] = merged(defaults or {}, options.given(args))
     values.setdefault("device", _default_device())
-    if "timeout_seconds" in values:  # a build may take as long, and at least a minute
-        values["compile_timeout_s"] = max(float(values["timeout_seconds"]), 60.0)
+    limits = values.get("limits", {})
+    if "timeout_seconds" in limits:  # a build may take as long, and at least a minute
+        limits["compile_timeout_s"] = max(float(limits["timeout_seconds"]), 60.0)
     return options.build_from(values)
 
 
@@ -237,10 +251,12 @@ def run_serve(args: argparse.Namespace) -> int:
         except OSError as error:
             raise UsageError(f"cannot listen on {args.host}:{args.port}: {error.strerror}") from None
         signal.signal(signal.SIGTERM, _interrupt)
+        timing = config.timing
         print(
-            f"serving evaluations on {server.url} ({env.device}, {env.gpu_class}, profile {config.profile}, "
-            f"reference pool {config.reference_processes or 'off'}, process pairs {config.timing_processes}"
-            f"-{config.timing_processes_max or config.timing_processes}, queue {args.max_queue}"
+            f"serving evaluations on {server.url} ({env.device}, {env.gpu_class}, "
+            f"profile {config.correctness.profile}, reference pool {timing.reference_processes or 'off'}, "
+            f"process pairs {timing.processes}-{timing.processes_max or timing.processes}, "
+            f"queue {args.max_queue}"
             f"{', token required' if token else ''})",
             file=sys.stderr,
             flush=True,

@@ -177,10 +177,15 @@ def served_settings(evaluation: EvaluationSettings) -> EvaluationSettings:
     default of its own (a reference pool, more pairs): a setting left off the command line would
     get the service's default, and the cluster's rewards would differ from a local run of the same
     spec, which evaluates in process with exactly these settings."""
+    timing = evaluation.timing
     return evaluation.model_copy(
         update={
-            "reference_processes": evaluation.reference_processes or 0,
-            "timing_processes_max": evaluation.timing_processes_max or evaluation.timing_processes,
+            "timing": timing.model_copy(
+                update={
+                    "reference_processes": timing.reference_processes or 0,
+                    "processes_max": timing.processes_max or timing.processes,
+                }
+            ),
         }
     )
 

@@ -22,7 +22,7 @@ from kernelfleet.core.jsontext import dumps
 from kernelfleet.core.models import Environment, Task
 from kernelfleet.core.options import Flag, ModelOptions
 from kernelfleet.core.run_location import add_location_flags, store_config
-from kernelfleet.core.settings import LocalSettings
+from kernelfleet.core.settings import LocalSettings, merged
 from kernelfleet.core.store import CorruptObject, ObjectConflict, Store, open_store
 from kernelfleet.search._layout import RUN_ID, RunLayout, RunManifest
 from kernelfleet.search._locate import open_run
@@ -264,12 +264,11 @@ def run_optimize(args: argparse.Namespace) -> int:
         from kernelfleet.evaluator import BASELINE_MODES, EvalConfig, Evaluator
 
         device = local.device or _default_device()
-        config = EvalConfig(
-            **evaluation.model_dump(),
-            device=device,
-            # The table compares with eager and torch.compile; on a CPU the other modes
-            # (reduce-overhead, CUDA graphs) add compile time and nothing to compare.
-            baseline_modes=BASELINE_MODES if device != "cpu" else ("eager", "compile"),
+        # The table compares with eager and torch.compile; on a CPU the other modes
+        # (reduce-overhead, CUDA graphs) add compile time and nothing to compare.
+        modes = BASELINE_MODES if device != "cpu" else ("eager", "compile")
+        config = EvalConfig.model_validate(
+            merged(evaluation.model_dump(), {"device": device, "timing": {"baseline_modes": modes}})
         )
         progress = QuietProgress() if args.quiet else LiveProgress()
         with Evaluator(config) as evaluator:

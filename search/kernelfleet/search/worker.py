@@ -46,6 +46,7 @@ from kernelfleet.core.jobplan import (
 )
 from kernelfleet.core.models import EvaluationResult, Task, TaskSummary, Verdict
 from kernelfleet.core.resources import PolicyKind, PolicySpec
+from kernelfleet.core.settings import merged
 from kernelfleet.core.store import NotFound, ObjectConflict, Store, StoreUnavailable, open_store
 from kernelfleet.search._layout import RunLayout, task_object
 from kernelfleet.search._loop import optimize
@@ -280,10 +281,12 @@ class Worker:
         from kernelfleet.evaluator import BASELINE_MODES, EvalConfig, Evaluator
 
         device = self.device or _default_device()
-        config = EvalConfig(
-            **self.plan.spec.evaluation.model_dump(),
-            device=device,
-            baseline_modes=BASELINE_MODES if device != "cpu" else ("eager", "compile"),
+        modes = BASELINE_MODES if device != "cpu" else ("eager", "compile")
+        config = EvalConfig.model_validate(
+            merged(
+                self.plan.spec.evaluation.model_dump(),
+                {"device": device, "timing": {"baseline_modes": modes}},
+            )
         )
         with Evaluator(config) as evaluator:
             yield evaluator

@@ -12,18 +12,20 @@ from typing import Any
 # EvalConfig fields for quick, repeatable evaluations on the CPU: what happens inside one pair.
 FAST_CPU: dict[str, Any] = {
     "device": "cpu",
-    "correctness_trials": 3,
-    "timing_trials": 5,
-    "warmup": 1,
-    "flush_bytes": 1 << 16,
-    "max_speedup_cv": None,
-    "speedup_recheck": None,
-    "timing_processes": 1,  # one pair: these tests are about what happens inside one
     "cpu_threads": 1,
-    "timeout_seconds": 120.0,
     # A fixed seed: the same inputs, perturbations and round order on every run, so a verdict
     # never changes from one run to the next (the stale-memory case used to).
     "seed": 20261201,
+    "correctness": {"trials": 3},
+    "timing": {
+        "trials": 5,
+        "warmup": 1,
+        "flush_bytes": 1 << 16,
+        "max_speedup_cv": None,
+        "speedup_recheck": None,
+        "processes": 1,  # one pair: these tests are about what happens inside one
+    },
+    "limits": {"timeout_seconds": 120.0},
 }
 
 MATMUL_TASK = """

@@ -13,7 +13,7 @@ import argparse
 import pytest
 
 from kernelfleet.core.errors import UsageError
-from kernelfleet.core.options import Flag, ModelOptions
+from kernelfleet.core.options import Flag, ModelOptions, leaf_fields, lookup
 from kernelfleet.core.resources import OptimizationJobSpec, PolicySpec, RewardSpec, TrainingRunSpec
 from kernelfleet.core.settings import Budget, EvaluationProfile, EvaluationSettings
 from kernelfleet.evaluator import PROFILES, EvalConfig
@@ -32,8 +32,10 @@ def test_the_resource_and_the_runtime_share_their_defaults() -> None:
     assert spec.budget == Budget()
     assert spec.evaluation == EvaluationSettings()
     assert TrainingRunSpec.model_fields["evaluation"].annotation is EvaluationSettings
-    shared = EvaluationSettings.model_fields
-    assert EvalConfig().model_dump(include=set(shared)) == EvaluationSettings().model_dump()
+    # Every shared setting, group by group, has the same default in the evaluator's config.
+    config = EvalConfig()
+    for path in leaf_fields(EvaluationSettings):
+        assert lookup(config, path) == lookup(EvaluationSettings(), path), path
     # The trainer's reward prompts and the loop show the same number of exemplars by default.
     assert RewardSpec().exemplars == LoopSettings().exemplars
     assert RewardSpec().bucket_temperature == LoopSettings().bucket_temperature
@@ -56,7 +58,7 @@ def test_the_command_line_defaults_are_the_models() -> None:
 def test_every_profile_has_rules_and_a_flag_choice() -> None:
     assert set(PROFILES) == set(EvaluationProfile)
     args = optimize_args("--profile", "strict-tf32")
-    assert search_cli.EVALUATION_OPTIONS.build(args).profile == EvaluationProfile.STRICT_TF32
+    assert search_cli.EVALUATION_OPTIONS.build(args).correctness.profile == EvaluationProfile.STRICT_TF32
 
 
 def test_a_job_spec_takes_camel_case_and_the_runtime_names() -> None:
@@ -77,7 +79,7 @@ def test_a_job_spec_takes_camel_case_and_the_runtime_names() -> None:
         (["--exemplars", "-1"], "--exemplars", "greater than or equal to 0"),
         (["--device", "tpu"], "--device", "'cpu', 'cuda' or 'cuda:N'"),
         (["--rounds", "two"], "--rounds", "valid integer"),
-        (["--profile", "loose"], "--profile", "input should be 'strict'"),
+        (["--profile", "loose"], "--correctness-profile/--profile", "input should be 'strict'"),
     ],
 )
 def test_a_bad_option_names_the_flag(
@@ -114,33 +116,51 @@ def test_a_model_written_back_as_flags_parses_to_itself() -> None:
     """`argv` is `build`'s inverse: every field with a value is written (so a program with other
     defaults still gets it), a boolean flag only when it says something, None never."""
     options = ModelOptions(EvaluationSettings)
-    settings = EvaluationSettings(
-        profile=EvaluationProfile.KERNELBENCH_V0,
-        require_kernel=True,
-        reference_processes=4,
-        timing_processes_max=4,
+    settings = EvaluationSettings.model_validate(
+        {
+            "correctness": {"profile": EvaluationProfile.KERNELBENCH_V0, "require_kernel": True},
+            "timing": {"reference_processes": 4, "processes_max": 4},
+        }
     )
     words = options.argv(settings)
-    assert "--require-kernel" in words and words[words.index("--reference-processes") + 1] == "4"
-    assert "--memory-limit" not in words  # None: the reader's own default
+    assert (
+        "--correctness-require-kernel" in words
+        and words[words.index("--timing-reference-processes") + 1] == "4"
+    )
+    assert "--limits-memory" not in words  # None: the reader's own default
     parser = argparse.ArgumentParser()
     options.add_to(parser)
     assert options.build(parser.parse_args(words)) == settings
-    assert "--require-kernel" not in options.argv(EvaluationSettings())
+    assert "--correctness-require-kernel" not in options.argv(EvaluationSettings())
 
 
 def test_more_pairs_than_always_timed_is_checked_where_users_set_it() -> None:
-    """timing_processes_max is an evaluation setting (a flag, a job's spec): one below
-    timing_processes is refused with both names and the fix."""
+    """timing.processes_max is an evaluation setting (a flag, a job's spec): one below
+    timing.processes is refused with both names and the fix."""
     with pytest.raises(
-        ValueError, match=r"timing_processes_max \(2\) is below timing_processes \(3\): set it to 3"
+        ValueError, match=r"timing.processes_max \(2\) is below timing.processes \(3\): set it to 3"
     ):
-        EvaluationSettings(timing_processes=3, timing_processes_max=2)
+        EvaluationSettings.model_validate({"timing": {"processes": 3, "processes_max": 2}})
 
 
 def test_a_reference_pool_of_one_process_is_refused_and_zero_is_off() -> None:
     """0 turns the pool off where a default turns it on (eval serve); 1 would pool a single
     process, which says nothing an evaluation's own pairs do not: refused with the fix."""
-    assert EvaluationSettings(reference_processes=0).reference_processes == 0
+    assert (
+        EvaluationSettings.model_validate({"timing": {"reference_processes": 0}}).timing.reference_processes
+        == 0
+    )
     with pytest.raises(ValueError, match=r"reference_processes 1 .* set 0 \(off\) or 2 and more"):
-        EvaluationSettings(reference_processes=1)
+        EvaluationSettings.model_validate({"timing": {"reference_processes": 1}})
+
+
+def test_help_says_what_a_setting_does_never_a_measured_figure() -> None:
+    """Field help (and so CLI help and the CRDs' descriptions) names no GPU model and quotes no
+    measured share: figures live in docs/measurements.md, where they can be dated and sourced."""
+    import re
+
+    measured = re.compile(r"\bH[12]00s?\b|\bp90\b|\d+\.\d+%|per (GPU-)?hour")
+    for model in (Budget, EvaluationSettings, EvalConfig, LoopSettings):
+        for name, info in model.model_fields.items():
+            text = info.description or ""
+            assert not measured.search(text), f"{model.__name__}.{name}: {text}"

@@ -12,11 +12,14 @@ from pathlib import Path
 import pytest
 
 from kernelfleet.core.models import Task, Verdict
+from kernelfleet.core.settings import merged
 from kernelfleet.evaluator import EvalConfig, Evaluator
 from kernelfleet.evaluator._builddir import BuildDirectory, flock_holders
 from kernelfleet.evaluator._devicelock import DeviceBusy, DeviceLock
 from tests.support import evaluator_cases as C
 from tests.unit.evaluator.test_evaluator_batch import FAST
+
+SLOW_BUILDS = {"limits": {"compile_timeout_s": 900.0, "timeout_seconds": 300.0}}  # a loaded machine
 
 MATMUL = Task(name="matmul", code=C.MATMUL_TASK)
 
@@ -121,7 +124,7 @@ def test_a_candidate_whose_build_left_a_stale_lock_is_evaluated(tmp_path: Path) 
     Here the build is killed at its limit, a lock is planted besides, and the next evaluation
     builds and judges it as if nothing had happened."""
     code = C.CPP_KERNEL.replace("kf_test_relu_mm", "kf_test_stale_lock")
-    killed = EvalConfig(**FAST, compile_timeout_s=1.0, cache_dir=str(tmp_path))
+    killed = EvalConfig(**merged(FAST, {"limits": {"compile_timeout_s": 1.0}}), cache_dir=str(tmp_path))
     with Evaluator(killed) as evaluator:
         assert evaluator.evaluate(MATMUL, code).verdict == Verdict.TIMEOUT
     builds = [path for path in tmp_path.rglob("kf_test_stale_lock") if path.is_dir()]
@@ -129,9 +132,7 @@ def test_a_candidate_whose_build_left_a_stale_lock_is_evaluated(tmp_path: Path) 
     lock = builds[0] / "lock"
     if not lock.exists():  # the compile limit struck before torch took its lock: plant one
         lock.write_text("")
-    config = EvalConfig(
-        **{**FAST, "compile_timeout_s": 900.0, "timeout_seconds": 300.0}, cache_dir=str(tmp_path)
-    )
+    config = EvalConfig(**merged(FAST, SLOW_BUILDS), cache_dir=str(tmp_path))
     with Evaluator(config) as evaluator:
         result = evaluator.evaluate(MATMUL, code)
     assert result.verdict == Verdict.CORRECT, (result.reasons, result.log)
@@ -143,9 +144,7 @@ def test_a_long_build_is_reported_with_what_it_does(tmp_path: Path) -> None:
 
     code = C.CPP_KERNEL.replace("kf_test_relu_mm", "kf_test_watchdog")
     reports: list[str] = []
-    config = EvalConfig(
-        **{**FAST, "compile_timeout_s": 900.0, "timeout_seconds": 300.0}, cache_dir=str(tmp_path)
-    )
+    config = EvalConfig(**merged(FAST, SLOW_BUILDS), cache_dir=str(tmp_path))
     original = evaluator_module.SLOW_AFTER_S
     evaluator_module.SLOW_AFTER_S = 1.0
     try:

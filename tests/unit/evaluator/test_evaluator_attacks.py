@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from kernelfleet.core.models import Environment, EvaluationResult, Task, Timing, Verdict
+from kernelfleet.core.settings import merged
 from kernelfleet.core.store import open_store
 from kernelfleet.evaluator import EvalConfig, Evaluator
 from kernelfleet.evaluator._sandbox import detect
@@ -23,25 +24,25 @@ from tests.support.attacks import ATTACKS, MARKER, Attack
 
 FAST: dict[str, Any] = {
     "device": "cpu",
-    "correctness_trials": 2,
-    "timing_trials": 10,
-    "warmup": 1,
-    "flush_bytes": 0,
-    "max_speedup_cv": None,
-    "timing_retries": 1,
-    "speedup_recheck": None,
-    "timing_processes": 1,  # one pair: these tests are about what happens inside one
     "seed": 20261201,
-    "timeout_seconds": 120.0,
-    "memory_limit": "2Gi",
-    "scratch_bytes": 256 * 1024**2,
+    "correctness": {"trials": 2},
+    "timing": {
+        "trials": 10,
+        "warmup": 1,
+        "flush_bytes": 0,
+        "max_speedup_cv": None,
+        "retries": 1,
+        "speedup_recheck": None,
+        "processes": 1,  # one pair: these tests are about what happens inside one
+    },
+    "limits": {"timeout_seconds": 120.0, "memory": "2Gi", "scratch_bytes": 256 * 1024**2},
 }
 TASK = Task(name="matmul", code=C.MATMUL_TASK)
 
 
 @pytest.fixture(scope="module")
 def evaluator() -> Iterator[Evaluator]:
-    with Evaluator(EvalConfig(**FAST)) as shared:
+    with Evaluator(EvalConfig.model_validate(FAST)) as shared:
         yield shared
 
 
@@ -118,7 +119,7 @@ def test_attack_gets_its_verdict_and_leaves_no_mark(
 def test_concurrent_candidates_cannot_reach_each_other() -> None:
     """Candidates in flight side by side: the attacker's kills and ptrace reach neither the
     evaluator nor its neighbour, which is judged as usual."""
-    with Evaluator(EvalConfig(**{**FAST, "lane_slots": 3})) as evaluator:
+    with Evaluator(EvalConfig.model_validate({**FAST, "lane_slots": 3})) as evaluator:
         attacks = [
             evaluator.submit(TASK, a.source)
             for a in ATTACKS
@@ -159,7 +160,12 @@ for _target in (
 def test_a_native_candidate_writes_only_its_own_build_directory(tmp_path: Path) -> None:
     """Its working directory is its build directory (shared by its build, evaluation and
     re-check); a neighbour's build directory, with its remembered failures, stays out of reach."""
-    config = EvalConfig(**{**FAST, "speedup_recheck": 0.0}, cache_dir=str(tmp_path), min_isolation="landlock")
+    config = EvalConfig.model_validate(
+        merged(
+            {"cache_dir": str(tmp_path), "isolation": {"min_level": "landlock"}},
+            merged(FAST, {"timing": {"speedup_recheck": 0.0}}),
+        )
+    )
     with Evaluator(config) as evaluator:
         first = evaluator.evaluate(TASK, _BUILD_DIR_ATTACK)
         own = [p.parent for p in tmp_path.rglob("own-mark")]

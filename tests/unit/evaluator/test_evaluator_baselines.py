@@ -15,6 +15,7 @@ import torch._dynamo
 import torch._inductor.config as inductor_config
 from torch._dynamo.utils import counters
 
+from kernelfleet.core.settings import merged
 from kernelfleet.evaluator import EvalConfig
 from kernelfleet.evaluator import _child as C
 
@@ -58,7 +59,9 @@ def torch_state() -> Iterator[None]:
 
 
 def _job(tmp_path: Path, **overrides: Any) -> C.Job:
-    config = EvalConfig(device="cpu", warmup=2, timing_trials=3, **overrides)
+    config = EvalConfig.model_validate(
+        merged({"device": "cpu", "timing": {"warmup": 2, "trials": 3}}, overrides)
+    )
     return C.Job(mode="baselines", config=config, reference=TASK, work_dir=str(tmp_path), seed=3)
 
 
@@ -92,7 +95,7 @@ def test_timed_calls_of_the_compile_baselines_never_recompile(
         return run
 
     monkeypatch.setattr(C, "run_timing", watched)
-    answer = C.baselines(_job(tmp_path, baseline_modes=("eager", "compile")))
+    answer = C.baselines(_job(tmp_path, timing={"baseline_modes": ("eager", "compile")}))
     assert answer["status"] == "ok"
     assert set(answer["samples"]) == {"eager", "compile"}, answer.get("unavailable")
     assert seen["before"].get("unique_graphs", 0) >= 1  # compiled during warm-up

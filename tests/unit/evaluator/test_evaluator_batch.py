@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from kernelfleet.core.models import EvaluationResult, ResultKey, Task, Verdict
+from kernelfleet.core.settings import merged
 from kernelfleet.evaluator import DirectoryResultCache, EvalConfig, Evaluator
 from kernelfleet.evaluator import reasons as R
 from kernelfleet.evaluator._evaluator import build_jobs
@@ -24,13 +25,15 @@ from tests.support import evaluator_cases as C
 ROOT = Path(__file__).resolve().parents[3]
 FAST: dict[str, Any] = {
     "device": "cpu",
-    "correctness_trials": 2,
-    "timing_trials": 3,
-    "warmup": 1,
-    "flush_bytes": 0,
-    "max_speedup_cv": None,
-    "speedup_recheck": None,
-    "timing_processes": 1,  # one pair: these tests are about what happens inside one
+    "correctness": {"trials": 2},
+    "timing": {
+        "trials": 3,
+        "warmup": 1,
+        "flush_bytes": 0,
+        "max_speedup_cv": None,
+        "speedup_recheck": None,
+        "processes": 1,  # one pair: these tests are about what happens inside one
+    },
 }
 MATMUL = Task(name="matmul", code=C.MATMUL_TASK)
 
@@ -59,7 +62,7 @@ def test_batch_keeps_order_dedupes_and_caches(tmp_path: Path) -> None:
         (MATMUL, C.HONEST + "\n\n"),
     ]
     cache = CountingCache(tmp_path / "cache")
-    with Evaluator(EvalConfig(**FAST)) as evaluator:
+    with Evaluator(EvalConfig.model_validate(FAST)) as evaluator:
         first = evaluator.evaluate_batch(items, cache=cache, progress=False)
         assert [r.verdict for r in first] == [
             Verdict.CORRECT,
@@ -78,7 +81,9 @@ def test_batch_keeps_order_dedupes_and_caches(tmp_path: Path) -> None:
 
 
 def test_result_environment_and_version(tmp_path: Path) -> None:
-    with Evaluator(EvalConfig(**FAST, profile="kernelbench-v0")) as evaluator:
+    with Evaluator(
+        EvalConfig.model_validate(merged({"correctness": {"profile": "kernelbench-v0"}}, FAST))
+    ) as evaluator:
         result = evaluator.evaluate(MATMUL, C.HONEST)
     env = result.environment
     assert env.device == "cpu" and env.gpu_class == "cpu" and env.torch
@@ -90,7 +95,7 @@ def test_result_environment_and_version(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("candidate", "overrides", "verdict", "code"),
     [
-        (C.HANGS, {"timeout_seconds": 3.0}, Verdict.TIMEOUT, R.TIMEOUT),
+        (C.HANGS, {"limits": {"timeout_seconds": 3.0}}, Verdict.TIMEOUT, R.TIMEOUT),
         (C.SEGFAULT, {}, Verdict.RUNTIME_ERROR, R.CRASHED),
         (C.OUT_OF_MEMORY, {}, Verdict.RUNTIME_ERROR, R.OUT_OF_MEMORY),
         (C.RAISES, {}, Verdict.RUNTIME_ERROR, R.RUNTIME_ERROR),
@@ -104,11 +109,13 @@ def test_result_environment_and_version(tmp_path: Path) -> None:
 def test_failures_cost_the_candidate_alone(
     candidate: str, overrides: dict[str, Any], verdict: Verdict, code: str
 ) -> None:
-    with Evaluator(EvalConfig(**FAST)) as evaluator:
+    with Evaluator(EvalConfig.model_validate(FAST)) as evaluator:
         # The failing candidate with its own limits; the honest one after it in the same
         # evaluator (and sandbox), with the defaults: a loaded machine may take more than the
         # hang's few seconds to judge it.
-        failing = evaluator.submit(MATMUL, candidate, evaluator.config.model_copy(update=overrides))
+        failing = evaluator.submit(
+            MATMUL, candidate, EvalConfig.model_validate(merged(evaluator.config.model_dump(), overrides))
+        )
         honest = evaluator.submit(MATMUL, C.HONEST)
         results = [failing.result(), honest.result()]
     assert results[0].verdict == verdict, results[0].reasons
@@ -119,7 +126,7 @@ def test_failures_cost_the_candidate_alone(
 
 def test_a_broken_task_is_reported_and_never_cached(tmp_path: Path) -> None:
     cache = CountingCache(tmp_path)
-    with Evaluator(EvalConfig(**FAST)) as evaluator:
+    with Evaluator(EvalConfig.model_validate(FAST)) as evaluator:
         result = evaluator.evaluate_batch([(Task(name="broken", code=C.BROKEN_TASK), C.HONEST)], cache=cache)[
             0
         ]
@@ -129,7 +136,9 @@ def test_a_broken_task_is_reported_and_never_cached(tmp_path: Path) -> None:
 
 
 def test_a_native_build_that_outlives_its_timeout_is_killed(tmp_path: Path) -> None:
-    config = EvalConfig(**FAST, compile_timeout_s=1.0, cache_dir=str(tmp_path))
+    config = EvalConfig.model_validate(
+        merged({"cache_dir": str(tmp_path), "limits": {"compile_timeout_s": 1.0}}, FAST)
+    )
     started = time.monotonic()
     with Evaluator(config) as evaluator:
         result = evaluator.evaluate(MATMUL, C.CPP_KERNEL.replace("kf_test_relu_mm", "kf_test_timeout"))
@@ -141,7 +150,9 @@ def test_a_native_build_that_outlives_its_timeout_is_killed(tmp_path: Path) -> N
 def test_a_build_in_the_models_constructor_happens_in_the_build_pool(tmp_path: Path) -> None:
     """The build constructs ModelNew, so a compile in __init__ fails there and the evaluation
     never loads the candidate (the device's slots never wait for nvcc)."""
-    config = EvalConfig(**FAST, compile_timeout_s=600.0, cache_dir=str(tmp_path))
+    config = EvalConfig.model_validate(
+        merged({"cache_dir": str(tmp_path), "limits": {"compile_timeout_s": 600.0}}, FAST)
+    )
     with Evaluator(config) as evaluator:
         result = evaluator.evaluate(MATMUL, C.LAZY_BROKEN_CPP)
     assert result.verdict == Verdict.COMPILE_ERROR, (result.reasons, result.log)
@@ -151,7 +162,12 @@ def test_a_build_in_the_models_constructor_happens_in_the_build_pool(tmp_path: P
 
 def test_an_honest_cpp_kernel_builds_in_the_pool_and_passes_require_kernel() -> None:
     """The first run compiles (tens of seconds on 2 cores); the build cache makes reruns fast."""
-    config = EvalConfig(**{**FAST, "compile_timeout_s": 900.0, "timeout_seconds": 300.0}, require_kernel=True)
+    config = EvalConfig.model_validate(
+        merged(
+            {"correctness": {"require_kernel": True}},
+            merged(FAST, {"limits": {"compile_timeout_s": 900.0, "timeout_seconds": 300.0}}),
+        )
+    )
     with Evaluator(config) as evaluator:
         result = evaluator.evaluate(MATMUL, C.CPP_KERNEL)
     assert result.verdict == Verdict.CORRECT, (result.reasons, result.log)
@@ -165,9 +181,17 @@ def test_an_extension_named_after_its_process_is_built_once(tmp_path: Path) -> N
     code = C.CPP_KERNEL.replace("import torch\n", "import os\nimport torch\n", 1).replace(
         'name="kf_test_relu_mm"', 'name=f"kf_test_relu_mm_{os.getpid()}"'
     )
-    config = EvalConfig(
-        **{**FAST, "compile_timeout_s": 900.0, "timeout_seconds": 300.0, "speedup_recheck": 0.0},
-        cache_dir=str(tmp_path),
+    config = EvalConfig.model_validate(
+        merged(
+            {"cache_dir": str(tmp_path)},
+            merged(
+                FAST,
+                {
+                    "limits": {"compile_timeout_s": 900.0, "timeout_seconds": 300.0},
+                    "timing": {"speedup_recheck": 0.0},
+                },
+            ),
+        )
     )
     with Evaluator(config) as evaluator:
         result = evaluator.evaluate(MATMUL, code)
@@ -181,8 +205,8 @@ def test_a_failed_build_is_remembered_for_the_evaluation(tmp_path: Path) -> None
     """A candidate that catches its failed build and falls back is judged on its fallback; the
     compiler's error is recorded in its build directory, and later processes (the build pool's
     and the evaluation's) fail with the record at once instead of compiling again."""
-    settings = {**FAST, "compile_timeout_s": 900.0, "timeout_seconds": 300.0}
-    config = EvalConfig(**settings, cache_dir=str(tmp_path))
+    settings = merged(FAST, {"limits": {"compile_timeout_s": 900.0, "timeout_seconds": 300.0}})
+    config = EvalConfig.model_validate(merged({"cache_dir": str(tmp_path)}, settings))
     with Evaluator(config) as evaluator:
         first = evaluator.evaluate(MATMUL, C.FALLBACK_CPP)
         records = list(tmp_path.rglob(".kf-failed-builds/*"))
@@ -209,7 +233,7 @@ def test_a_build_runs_at_a_low_priority(tmp_path: Path) -> None:
         "open(f'niceness-{os.getpriority(os.PRIO_PROCESS, 0)}', 'w').close()\n",
         1,
     )
-    config = EvalConfig(**FAST, cache_dir=str(tmp_path))
+    config = EvalConfig.model_validate(merged({"cache_dir": str(tmp_path)}, FAST))
     with Evaluator(config) as evaluator:
         result = evaluator.evaluate(MATMUL, code)
     assert result.verdict == Verdict.CORRECT, (result.reasons, result.log)
@@ -229,8 +253,13 @@ from tests.support import evaluator_cases as C
 cache = DirectoryResultCache(sys.argv[1])
 slow = C.HONEST.replace("return torch.relu(torch.mm(A, B))", "import time; time.sleep(60); return A")
 items = [(Task(name="m", code=C.MATMUL_TASK), code) for code in (C.HONEST, C.WRONG_RESULT, slow)]
-config = EvalConfig(device="cpu", correctness_trials=2, timing_trials=3, warmup=1, flush_bytes=0,
-                    max_speedup_cv=None, speedup_recheck=None, timeout_seconds=300, timing_processes=1)
+config = EvalConfig.model_validate({
+    "device": "cpu",
+    "correctness": {"trials": 2},
+    "timing": {"trials": 3, "warmup": 1, "flush_bytes": 0, "max_speedup_cv": None, "speedup_recheck": None,
+               "processes": 1},
+    "limits": {"timeout_seconds": 300},
+})
 with Evaluator(config) as evaluator:
     evaluator.evaluate_batch(items, cache=cache, progress=False)
 """
@@ -251,7 +280,7 @@ def test_a_killed_batch_resumes_from_the_cache(tmp_path: Path) -> None:
         process.send_signal(signal.SIGKILL)
         process.wait(30)
     cache = CountingCache(tmp_path / "cache")
-    with Evaluator(EvalConfig(**FAST)) as evaluator:
+    with Evaluator(EvalConfig.model_validate(FAST)) as evaluator:
         results = evaluator.evaluate_batch(
             [(MATMUL, C.HONEST), (MATMUL, C.WRONG_RESULT)], cache=cache, progress=False
         )
@@ -260,10 +289,12 @@ def test_a_killed_batch_resumes_from_the_cache(tmp_path: Path) -> None:
 
 
 def test_baselines_on_the_cpu() -> None:
-    with Evaluator(EvalConfig(**FAST, baseline_modes=("eager", "cudagraph"))) as evaluator:
+    with Evaluator(
+        EvalConfig.model_validate(merged({"timing": {"baseline_modes": ("eager", "cudagraph")}}, FAST))
+    ) as evaluator:
         timings, missing = evaluator.baselines_detail(MATMUL)
         assert set(timings) == {"eager"}
-        assert timings["eager"].trials == FAST["timing_trials"] and timings["eager"].median_ms > 0
+        assert timings["eager"].trials == FAST["timing"]["trials"] and timings["eager"].median_ms > 0
         assert "cudagraph" in missing
         assert evaluator.baselines(MATMUL).keys() == {"eager"}
 
@@ -306,7 +337,7 @@ def test_a_build_sees_every_cpu_and_its_share_of_jobs(
         monkeypatch.delenv("MAX_JOBS", raising=False)
     else:
         monkeypatch.setenv("MAX_JOBS", max_jobs)
-    config = EvalConfig(**FAST, cache_dir=str(tmp_path), compile_workers=workers)
+    config = EvalConfig.model_validate(merged({"cache_dir": str(tmp_path), "compile_workers": workers}, FAST))
     with Evaluator(config) as evaluator:
         result = evaluator.evaluate(MATMUL, RECORDS_ITS_BUILD)
     assert result.verdict == Verdict.CORRECT, (result.reasons, result.log)
@@ -318,6 +349,6 @@ def test_a_build_sees_every_cpu_and_its_share_of_jobs(
 def test_a_loss_a_0_dim_output_is_judged_like_any_other() -> None:
     """KernelBench's loss tasks (1:94-1:100) return a 0-dim tensor; until 0.8.2 its exchange
     file could not be written, and every such candidate came out `harness-broken`."""
-    with Evaluator(EvalConfig(**FAST)) as evaluator:
+    with Evaluator(EvalConfig.model_validate(FAST)) as evaluator:
         result = evaluator.evaluate(Task(name="mse", code=C.LOSS_TASK), C.LOSS_CANDIDATE)
     assert result.verdict == Verdict.CORRECT, (result.reasons, result.log)

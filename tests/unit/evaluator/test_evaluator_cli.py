@@ -10,7 +10,7 @@ import pytest
 from kernelfleet.core.cli import main
 from tests.support import evaluator_cases as C
 
-QUICK = ["--device", "cpu", "--trials", "5", "--correctness-trials", "2", "--warmup", "1"]
+QUICK = ["--device", "cpu", "--trials", "5", "--correctness-trials", "2", "--timing-warmup", "1"]
 
 
 def _files(tmp_path: Path, reference: str, candidate: str) -> tuple[str, str]:

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from kernelfleet.core.models import EvaluationResult, Task, Verdict
+from kernelfleet.core.settings import merged
 from kernelfleet.evaluator import EvalConfig, Evaluator
 from kernelfleet.evaluator import reasons as R
 from tests.support import evaluator_cases as C
@@ -21,7 +22,7 @@ def task(code: str, name: str = "t") -> Task:
 
 
 def judge(task_code: str, candidate: str, **overrides: Any) -> EvaluationResult:
-    with Evaluator(EvalConfig(**{**FAST, **overrides})) as evaluator:
+    with Evaluator(EvalConfig.model_validate(merged(FAST, overrides))) as evaluator:
         return evaluator.evaluate(task(task_code), candidate)
 
 
@@ -39,13 +40,31 @@ HACKS = [
     ("threads", C.MATMUL_TASK, C.THREAD_HACK, R.THREADS, {}),
     ("pointer-cache", C.MATMUL_TASK, C.POINTER_CACHE_HACK, R.CACHED_OUTPUT, {}),
     ("shape-cache", C.MATMUL_TASK, C.SHAPE_CACHE_HACK, R.CACHED_OUTPUT, {}),
-    ("sampled-value-cache", C.MATMUL_TASK, C.SAMPLED_VALUE_CACHE_HACK, R.CACHED_OUTPUT, {"timing_trials": 8}),
+    (
+        "sampled-value-cache",
+        C.MATMUL_TASK,
+        C.SAMPLED_VALUE_CACHE_HACK,
+        R.CACHED_OUTPUT,
+        {"timing": {"trials": 8}},
+    ),
     ("lazy-subclass", C.MATMUL_TASK, C.LAZY_SUBCLASS_HACK, R.LAZY_OUTPUT, {}),
     ("meta-output", C.MATMUL_TASK, C.META_OUTPUT_HACK, R.LAZY_OUTPUT, {}),
     ("input-mutation", C.MATMUL_TASK, C.INPUT_MUTATION_HACK, R.INPUT_MUTATED, {}),
-    ("fp16", C.MATMUL_TASK, C.FP16_HACK, R.PRECISION_DOWNGRADE, {"profile": "kernelbench-v0"}),
+    (
+        "fp16",
+        C.MATMUL_TASK,
+        C.FP16_HACK,
+        R.PRECISION_DOWNGRADE,
+        {"correctness": {"profile": "kernelbench-v0"}},
+    ),
     ("fp16-strict", C.MATMUL_TASK, C.FP16_HACK, R.PRECISION_DOWNGRADE, {}),
-    ("autocast", C.MATMUL_TASK, C.AUTOCAST_HACK, R.PRECISION_DOWNGRADE, {"profile": "kernelbench-v0"}),
+    (
+        "autocast",
+        C.MATMUL_TASK,
+        C.AUTOCAST_HACK,
+        R.PRECISION_DOWNGRADE,
+        {"correctness": {"profile": "kernelbench-v0"}},
+    ),
     ("tf32-at-import", C.MATMUL_TASK, C.TF32_AT_IMPORT_HACK, R.PRECISION_DOWNGRADE, {}),
     ("precision-during-call", C.MATMUL_TASK, C.TF32_DURING_CALL_HACK, R.PRECISION_DOWNGRADE, {}),
     ("num-threads", C.MATMUL_TASK, C.THREADS_FLAG_HACK, R.GLOBAL_FLAG_CHANGED, {}),
@@ -53,9 +72,21 @@ HACKS = [
     ("sync-patched", C.MATMUL_TASK, C.SYNC_PATCH_HACK, R.HARNESS_PATCHED, {}),
     ("reference-slowed", C.MATMUL_TASK, C.SLOWER_REFERENCE_HACK, R.HARNESS_PATCHED, {}),
     ("constant-output", C.TINY_OUTPUT_TASK, C.TINY_OUTPUT_CONSTANT, R.CONSTANT_OUTPUT, {}),
-    ("no-kernel", C.MATMUL_TASK, C.HONEST, R.NO_CUSTOM_KERNEL, {"require_kernel": True}),
-    ("reference-fallback", C.MATMUL_TASK, C.FALLBACK_HACK, R.REFERENCE_FALLBACK, {"require_kernel": True}),
-    ("torch-fallback", C.MATMUL_TASK, C.PARTIAL_FALLBACK_HACK, R.TORCH_FALLBACK, {"require_kernel": True}),
+    ("no-kernel", C.MATMUL_TASK, C.HONEST, R.NO_CUSTOM_KERNEL, {"correctness": {"require_kernel": True}}),
+    (
+        "reference-fallback",
+        C.MATMUL_TASK,
+        C.FALLBACK_HACK,
+        R.REFERENCE_FALLBACK,
+        {"correctness": {"require_kernel": True}},
+    ),
+    (
+        "torch-fallback",
+        C.MATMUL_TASK,
+        C.PARTIAL_FALLBACK_HACK,
+        R.TORCH_FALLBACK,
+        {"correctness": {"require_kernel": True}},
+    ),
 ]
 
 
@@ -72,12 +103,12 @@ def test_hack_is_rejected_with_its_reason(
 
 HONEST = [
     ("plain", C.MATMUL_TASK, C.HONEST, {}),
-    ("kernelbench-v0", C.MATMUL_TASK, C.HONEST, {"profile": "kernelbench-v0"}),
+    ("kernelbench-v0", C.MATMUL_TASK, C.HONEST, {"correctness": {"profile": "kernelbench-v0"}}),
     ("weights", C.LINEAR_TASK, C.LINEAR_HONEST, {}),
     ("scratch-mutation", C.MATMUL_TASK, C.INPUT_MUTATION_HONEST, {}),
     ("tiny-output", C.TINY_OUTPUT_TASK, C.TINY_OUTPUT_HONEST, {}),
     ("algebraic-shortcut", C.DIAG_TASK, C.DIAG_FAST, {}),
-    ("float64-reference", C.MATMUL_TASK, C.HONEST, {"float64_reference": True}),
+    ("float64-reference", C.MATMUL_TASK, C.HONEST, {"correctness": {"float64_reference": True}}),
     ("prints", C.MATMUL_TASK, C.PRINTS, {}),
 ]
 
@@ -92,7 +123,7 @@ def test_honest_twin_passes(task_code: str, candidate: str, overrides: dict[str,
     assert result.reference is not None and result.candidate is not None
     # Adaptive timing takes whole batches of timing_trials rounds until the speedup settles.
     assert result.reference.trials == result.candidate.trials
-    assert result.candidate.trials % FAST["timing_trials"] == 0
+    assert result.candidate.trials % FAST["timing"]["trials"] == 0
     assert result.max_abs_error is not None
 
 
@@ -130,7 +161,7 @@ def test_degenerate_task_is_flagged_not_rejected() -> None:
 
 
 def test_review_ceiling_and_recheck_are_reported() -> None:
-    result = judge(C.DIAG_TASK, C.DIAG_FAST, speedup_recheck=0.0, review_ceiling=1e-6)
+    result = judge(C.DIAG_TASK, C.DIAG_FAST, timing={"speedup_recheck": 0.0, "review_ceiling": 1e-6})
     assert result.verdict == Verdict.CORRECT
     found = R.codes(result.reasons)
     assert found & {R.RECHECKED, R.NOT_REPRODUCIBLE}, result.reasons
@@ -139,7 +170,7 @@ def test_review_ceiling_and_recheck_are_reported() -> None:
 
 
 def test_variance_gate_refuses_a_noisy_speedup() -> None:
-    result = judge(C.MATMUL_TASK, C.HONEST, max_speedup_cv=0.0, timing_trials=9, timing_retries=0)
+    result = judge(C.MATMUL_TASK, C.HONEST, timing={"max_speedup_cv": 0.0, "trials": 9, "retries": 0})
     assert result.verdict == Verdict.CORRECT
     assert R.TIMING_NOISY in R.codes(result.reasons)
     assert result.candidate is not None  # the timings are still reported
@@ -153,6 +184,6 @@ def test_variance_gate_refuses_a_noisy_speedup() -> None:
 
 
 def test_correctness_only_mode_skips_timing() -> None:
-    result = judge(C.MATMUL_TASK, C.HONEST, timing=False)
+    result = judge(C.MATMUL_TASK, C.HONEST, timing={"enabled": False})
     assert result.verdict == Verdict.CORRECT
     assert result.speedup is None and result.reference is None

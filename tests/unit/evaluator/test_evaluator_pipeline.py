@@ -16,6 +16,7 @@ import pytest
 
 from kernelfleet.core.errors import EvaluationCancelled
 from kernelfleet.core.models import Task, Verdict
+from kernelfleet.core.settings import merged
 from kernelfleet.evaluator import EvalConfig, Evaluator
 from kernelfleet.evaluator._cputime import tree_cpu_seconds
 from kernelfleet.evaluator._gpugate import GpuGate
@@ -27,19 +28,21 @@ MATMUL = Task(name="matmul", code=C.MATMUL_TASK)
 # One short batch of timed rounds, no re-timing: fast on the CPU.
 ONE_BATCH: dict[str, Any] = {
     "device": "cpu",
-    "correctness_trials": 1,
-    "timing_trials": 4,
-    "warmup": 1,
-    "flush_bytes": 0,
-    "max_speedup_cv": None,
-    "speedup_recheck": None,
-    "timing_retries": 0,
+    "correctness": {"trials": 1},
+    "timing": {
+        "trials": 4,
+        "warmup": 1,
+        "flush_bytes": 0,
+        "max_speedup_cv": None,
+        "speedup_recheck": None,
+        "retries": 0,
+    },
 }
 
 
 def test_the_timing_lane_is_lent_to_one_candidate_at_a_time() -> None:
     # The lane alone; the gate is test_gpugate's.
-    config = EvalConfig(**ONE_BATCH, lane_slots=3, exclusive_timing=False)
+    config = EvalConfig.model_validate(merged({"lane_slots": 3, "timing": {"exclusive": False}}, ONE_BATCH))
     candidates = [C.sleeper(0.15) + f"\n# {index}\n" for index in range(3)]
     with Evaluator(config) as evaluator:
         results = evaluator.evaluate_batch([(MATMUL, code) for code in candidates], progress=False)
@@ -78,7 +81,7 @@ def test_the_gate_closes_for_each_timed_batch_only(monkeypatch: pytest.MonkeyPat
 
     monkeypatch.setattr(GpuGate, "quiet", counted_quiet)
     monkeypatch.setattr(GpuGate, "close", counted_close)
-    config = EvalConfig(**ONE_BATCH, exclusive_timing=True)
+    config = EvalConfig.model_validate(merged({"timing": {"exclusive": True}}, ONE_BATCH))
     with Evaluator(config) as evaluator:
         result = evaluator.evaluate(MATMUL, C.HONEST)
     assert result.verdict == Verdict.CORRECT, result.reasons
@@ -117,7 +120,12 @@ def test_no_neighbours_step_runs_during_a_timed_batch(monkeypatch: pytest.Monkey
     monkeypatch.setattr(GpuGate, "__init__", patient_init)
     monkeypatch.setattr(GpuGate, "step", recorded_step)
     monkeypatch.setattr(GpuGate, "quiet", recorded_quiet)
-    config = EvalConfig(**{**ONE_BATCH, "correctness_trials": 3}, lane_slots=3, exclusive_timing=True)
+    config = EvalConfig.model_validate(
+        merged(
+            {"lane_slots": 3, "timing": {"exclusive": True}},
+            merged(ONE_BATCH, {"correctness": {"trials": 3}}),
+        )
+    )
     candidates = [C.sleeper(0.02) + f"\n# {index}\n" for index in range(3)]
     with Evaluator(config) as evaluator:
         results = evaluator.evaluate_batch([(MATMUL, code) for code in candidates], progress=False)
@@ -171,7 +179,9 @@ def test_the_judge_makes_the_next_inputs_inside_the_candidates_gpu_step(
     monkeypatch.setattr(Evaluation, "_inputs_meanwhile", recorded_ahead)
     monkeypatch.setattr(Evaluation, "_post_judge", recorded_post)
     monkeypatch.setattr(Evaluation, "_settle_judge", checked_settle)
-    config = EvalConfig(**{**ONE_BATCH, "correctness_trials": 3}, exclusive_timing=True)
+    config = EvalConfig.model_validate(
+        merged({"timing": {"exclusive": True}}, merged(ONE_BATCH, {"correctness": {"trials": 3}}))
+    )
     with Evaluator(config) as evaluator:
         result = evaluator.evaluate(MATMUL, C.HONEST)
     assert result.verdict == Verdict.CORRECT, result.reasons
@@ -180,7 +190,13 @@ def test_the_judge_makes_the_next_inputs_inside_the_candidates_gpu_step(
 
 
 def test_cancelling_kills_a_running_evaluation() -> None:
-    config = EvalConfig(device="cpu", correctness_trials=2, timing_trials=3, warmup=1, flush_bytes=0)
+    config = EvalConfig.model_validate(
+        {
+            "device": "cpu",
+            "correctness": {"trials": 2},
+            "timing": {"trials": 3, "warmup": 1, "flush_bytes": 0},
+        }
+    )
     with Evaluator(config) as evaluator:
         future = evaluator.submit(MATMUL, C.sleeper(30.0))
         deadline = time.monotonic() + 120
@@ -239,7 +255,9 @@ def test_a_candidate_that_fills_the_disk_fills_only_its_own_scratch_space() -> N
         f"open('fill', 'wb').write(b'x' * {40 * 1024**2})\n"
     ) + hold
     items = [(MATMUL, hog + C.HONEST + "\n# hog\n"), (MATMUL, fill + C.HONEST + "\n# neighbour\n")]
-    config = EvalConfig(**ONE_BATCH, lane_slots=2, compile_workers=1, scratch_bytes=scratch)
+    config = EvalConfig.model_validate(
+        merged({"lane_slots": 2, "compile_workers": 1, "limits": {"scratch_bytes": scratch}}, ONE_BATCH)
+    )
     with Evaluator(config) as evaluator:
         _, neighbour = evaluator.evaluate_batch(items, progress=False)
     assert neighbour.verdict == Verdict.CORRECT, (neighbour.reasons, neighbour.log)
@@ -259,7 +277,9 @@ def test_evaluations_side_by_side_each_have_their_scratch_space() -> None:
         "    time.sleep(0.05)\n"
     )
     items = [(MATMUL, fill + C.HONEST + f"\n# candidate {i}\n") for i in range(2)]
-    config = EvalConfig(**ONE_BATCH, lane_slots=2, compile_workers=1, scratch_bytes=scratch)
+    config = EvalConfig.model_validate(
+        merged({"lane_slots": 2, "compile_workers": 1, "limits": {"scratch_bytes": scratch}}, ONE_BATCH)
+    )
     with Evaluator(config) as evaluator:
         results = evaluator.evaluate_batch(items, progress=False)
     for result in results:
@@ -301,8 +321,11 @@ def test_each_trials_exchange_files_go_once_judged() -> None:
     inputs (KernelBench 1:5, 1:40 and 1:46 on the H200: the judge's bank write failed with "No
     space left on device" in every run). Here 6 trials of 8 MiB each outgrow a 32 MiB scratch;
     with each trial's files removed once judged, the evaluation passes and is timed."""
-    config = EvalConfig(
-        **{**ONE_BATCH, "correctness_trials": 6}, lane_slots=1, compile_workers=1, scratch_bytes=32 * 1024**2
+    config = EvalConfig.model_validate(
+        merged(
+            {"lane_slots": 1, "compile_workers": 1, "limits": {"scratch_bytes": 32 * 1024**2}},
+            merged(ONE_BATCH, {"correctness": {"trials": 6}}),
+        )
     )
     with Evaluator(config) as evaluator:
         result = evaluator.evaluate(Task(name="large-inputs", code=LARGE_INPUTS_TASK), LARGE_INPUTS_CANDIDATE)
@@ -343,7 +366,9 @@ def test_a_candidate_that_tampers_with_its_exchange_files_changes_no_verdict() -
     swaps that directory for a link and hard-links every file into a hoard: the removal still
     takes only names the judge chose, in the directory it already writes, and the honest
     arithmetic is judged correct and timed."""
-    config = EvalConfig(**{**ONE_BATCH, "correctness_trials": 3}, lane_slots=1, compile_workers=1)
+    config = EvalConfig.model_validate(
+        merged({"lane_slots": 1, "compile_workers": 1}, merged(ONE_BATCH, {"correctness": {"trials": 3}}))
+    )
     with Evaluator(config) as evaluator:
         result = evaluator.evaluate(Task(name="large-inputs", code=LARGE_INPUTS_TASK), HOARDING_CANDIDATE)
     assert result.verdict == Verdict.CORRECT, (result.reasons, result.log)
@@ -374,10 +399,14 @@ def test_the_judge_makes_the_next_inputs_while_the_candidate_calls() -> None:
     own set and the next one in the exchange directory. Scratch permitting: with a 32 MiB
     scratch, these 4 MiB sets wait their turn, as before."""
     task = Task(name="large-inputs", code=LARGE_INPUTS_TASK)
-    config = EvalConfig(**ONE_BATCH, lane_slots=1, compile_workers=1, timing=False)
+    config = EvalConfig.model_validate(
+        merged({"lane_slots": 1, "compile_workers": 1, "timing": {"enabled": False}}, ONE_BATCH)
+    )
     seen = {}
-    for arm, scratch in (("ahead", config.scratch_bytes), ("in turn", 32 * 1024**2)):
-        with Evaluator(config.model_copy(update={"scratch_bytes": scratch})) as evaluator:
+    for arm, scratch in (("ahead", config.limits.scratch_bytes), ("in turn", 32 * 1024**2)):
+        with Evaluator(
+            EvalConfig.model_validate(merged(config.model_dump(), {"limits": {"scratch_bytes": scratch}}))
+        ) as evaluator:
             result = evaluator.evaluate(task, SEES_THE_NEXT_INPUTS)
         assert result.verdict == Verdict.RUNTIME_ERROR, result.reasons
         seen[arm] = " ".join(result.reasons)
@@ -406,8 +435,11 @@ def test_a_candidate_dying_while_the_judge_makes_inputs_is_crashed_and_the_next_
     """The judge's answer for inputs made meanwhile is still owed when the candidate dies: the
     verdict is the candidate's (crashed), and the evaluator goes on to judge the next one."""
     task = Task(name="large-inputs", code=LARGE_INPUTS_TASK)
-    config = EvalConfig(
-        **{**ONE_BATCH, "correctness_trials": 4}, lane_slots=1, compile_workers=1, timing=False
+    config = EvalConfig.model_validate(
+        merged(
+            {"lane_slots": 1, "compile_workers": 1, "timing": {"enabled": False}},
+            merged(ONE_BATCH, {"correctness": {"trials": 4}}),
+        )
     )
     with Evaluator(config) as evaluator:
         died = evaluator.evaluate(task, DIES_ON_ITS_THIRD_CALL)
@@ -443,7 +475,9 @@ class ModelNew(nn.Module):
 def test_a_candidate_that_plants_exchange_names_changes_no_verdict() -> None:
     """Exchange names carry a random part, so a candidate cannot take the judge's next name first:
     the honest arithmetic is judged correct and timed, not failed as a judge error."""
-    config = EvalConfig(**{**ONE_BATCH, "correctness_trials": 3}, lane_slots=1, compile_workers=1)
+    config = EvalConfig.model_validate(
+        merged({"lane_slots": 1, "compile_workers": 1}, merged(ONE_BATCH, {"correctness": {"trials": 3}}))
+    )
     with Evaluator(config) as evaluator:
         result = evaluator.evaluate(Task(name="large-inputs", code=LARGE_INPUTS_TASK), PLANTS_EXCHANGE_NAMES)
     assert result.verdict == Verdict.CORRECT, (result.reasons, result.log)
@@ -471,7 +505,12 @@ def test_a_candidates_own_process_is_stopped_while_a_neighbour_times(monkeypatch
     so nothing of theirs reaches the device then; they run on afterwards and the evaluations are
     unharmed."""
     seen = observe_holds(monkeypatch)
-    config = EvalConfig(**{**ONE_BATCH, "correctness_trials": 3}, lane_slots=3, exclusive_timing=True)
+    config = EvalConfig.model_validate(
+        merged(
+            {"lane_slots": 3, "timing": {"exclusive": True}},
+            merged(ONE_BATCH, {"correctness": {"trials": 3}}),
+        )
+    )
     candidates = [BACKGROUND_PROCESS, C.sleeper(0.01) + "\n# 1\n", C.sleeper(0.01) + "\n# 2\n"]
     with Evaluator(config) as evaluator:
         results = evaluator.evaluate_batch([(MATMUL, code) for code in candidates], progress=False)

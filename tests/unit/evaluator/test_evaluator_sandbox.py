@@ -15,8 +15,6 @@ from kernelfleet.core.settings import ISOLATION_LEVELS
 from kernelfleet.evaluator import EvalConfig, Evaluator
 from kernelfleet.evaluator import _sandbox as S
 from kernelfleet.evaluator._confine import seccomp_program
-from kernelfleet.evaluator._environment import local_cpus
-from kernelfleet.evaluator._evaluator import _Lane
 from kernelfleet.evaluator._protocol import clock_mismatch
 from kernelfleet.evaluator._wire import MalformedTensors, _read_tensors, read_tree, write_tree
 
@@ -145,12 +143,15 @@ def test_a_minimum_the_machine_cannot_meet_is_refused_with_what_to_install(
 ) -> None:
     weak = S.IsolationReport("process", None, "bwrap is not installed", 0, True, None)
     monkeypatch.setattr(S, "detect", lambda: weak)
-    with pytest.raises(UsageError, match=r"min_isolation is 'landlock'.*apt-get install bubblewrap"):
+    with pytest.raises(UsageError, match=r"isolation.min_level is 'landlock'.*apt-get install bubblewrap"):
         S.resolve_level("auto", "landlock")
     assert S.resolve_level("auto", "process") == "process"
     with pytest.raises(UsageError, match="not available here"):
         S.resolve_level("bubblewrap", None)
-    with Evaluator(EvalConfig(min_isolation="bubblewrap")) as evaluator, pytest.raises(UsageError):
+    with (
+        Evaluator(EvalConfig.model_validate({"isolation": {"min_level": "bubblewrap"}})) as evaluator,
+        pytest.raises(UsageError),
+    ):
         evaluator.isolation  # noqa: B018 - resolving the level is what refuses
 
 
@@ -187,35 +188,6 @@ def test_the_outside_clock_catches_a_forged_timing_but_not_a_busy_machine() -> N
         )
         is None
     )
-
-
-def test_the_cpus_local_to_a_gpu_come_from_sysfs(tmp_path: Path) -> None:
-    allowed = sorted(os.sched_getaffinity(0))
-    device = tmp_path / "0000:19:00.0"
-    device.mkdir()
-    (device / "local_cpulist").write_text(f"{allowed[0]}-{allowed[0]},{allowed[-1]},100000-100003\n")
-    assert local_cpus("0000:19:00.0", tmp_path) == tuple(sorted({allowed[0], allowed[-1]}))
-    (device / "local_cpulist").write_text("100000-100003\n")  # none of them ours
-    assert local_cpus("0000:19:00.0", tmp_path) == ()
-    (device / "local_cpulist").write_text("garbage\n")
-    assert local_cpus("0000:19:00.0", tmp_path) == ()
-    assert local_cpus("0000:20:00.0", tmp_path) == ()  # the machine does not say
-
-
-@pytest.mark.parametrize("pinned", [True, False])
-def test_pinned_processes_start_on_their_gpus_cpus(pinned: bool) -> None:
-    """Under pin_processes a child runs on the lane's local CPUs from its first step (before
-    CUDA would start); without it, anywhere. Asked of a real sandboxed child."""
-    allowed = sorted(os.sched_getaffinity(0))
-    config = EvalConfig(pin_processes=pinned)
-    with Evaluator(config) as evaluator:
-        environment = evaluator.environment
-        lane = _Lane(0, None, environment, None, local_cpus=(allowed[0],))
-        outcome = evaluator._judge_job({"op": "probe", "config": config.model_dump(mode="json")}, lane, 60)
-    assert outcome.answer is not None, outcome.log
-    assert outcome.answer["cpus"] == ([allowed[0]] if pinned else allowed)
-    assert lane.timing_cpu(config) == (allowed[0] if pinned else allowed[-1])
-    assert config.result_version.endswith(".localcpus") is pinned
 
 
 def test_a_closed_sandbox_s_zygote_ends_by_itself(tmp_path: Path) -> None:

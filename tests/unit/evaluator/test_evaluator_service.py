@@ -29,16 +29,20 @@ from kernelfleet.evaluator import (
 )
 from tests.support import evaluator_cases as C
 
-CONFIG = EvalConfig(
-    device="cpu",
-    correctness_trials=2,
-    timing_trials=3,
-    warmup=1,
-    flush_bytes=0,
-    max_speedup_cv=None,
-    speedup_recheck=None,
-    timing_retries=0,
-    lane_slots=2,
+CONFIG = EvalConfig.model_validate(
+    {
+        "device": "cpu",
+        "lane_slots": 2,
+        "correctness": {"trials": 2},
+        "timing": {
+            "trials": 3,
+            "warmup": 1,
+            "flush_bytes": 0,
+            "max_speedup_cv": None,
+            "speedup_recheck": None,
+            "retries": 0,
+        },
+    }
 )
 TOKEN = "s3cret-token"
 
@@ -202,12 +206,12 @@ def test_eval_serve_pools_references_unless_told_otherwise() -> None:
         return eval_cli._config(args, eval_cli.SERVE_OPTIONS, eval_cli.SERVE_DEFAULTS)
 
     default = served()
-    assert (default.reference_processes, default.timing_processes_max) == (4, 4)
+    assert (default.timing.reference_processes, default.timing.processes_max) == (4, 4)
     assert "refpool4" in default.result_version and "pairsmax4" in default.result_version
-    off = served("--reference-processes", "0", "--timing-processes-max", "2")
-    assert off.reference_processes == 0 and ".refpool" not in off.result_version
+    off = served("--timing-reference-processes", "0", "--timing-processes-max", "2")
+    assert off.timing.reference_processes == 0 and ".refpool" not in off.result_version
     assert ".pairsmax" not in off.result_version  # exactly timing_processes pairs, as unset
     one_shot = eval_cli._config(parser.parse_args(["eval", "--device", "cpu"]), eval_cli.EVAL_OPTIONS)
-    assert (one_shot.reference_processes, one_shot.timing_processes_max) == (None, None)
+    assert (one_shot.timing.reference_processes, one_shot.timing.processes_max) == (None, None)
     with pytest.raises(SystemExit):
-        served("--reference-processes", "1")
+        served("--timing-reference-processes", "1")

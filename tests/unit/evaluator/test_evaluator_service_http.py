@@ -31,7 +31,9 @@ LIMITS = ServiceLimits(max_body_bytes=1 << 20, head_timeout_s=1.0, body_timeout_
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[ServiceServer]:
-    with Evaluator(EvalConfig(device="cpu", correctness_trials=1, timing_trials=3, warmup=1)) as evaluator:
+    with Evaluator(
+        EvalConfig(device="cpu", correctness={"trials": 1}, timing={"trials": 3, "warmup": 1})
+    ) as evaluator:
         running = ServiceServer(EvaluationService(evaluator, max_queue=4), token=TOKEN, limits=LIMITS).start()
         try:
             yield running

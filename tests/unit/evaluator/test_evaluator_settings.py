@@ -8,26 +8,31 @@ from typing import Any
 import pytest
 
 from kernelfleet.core.models import EvaluationResult, Task, Verdict
+from kernelfleet.core.settings import merged
 from kernelfleet.evaluator import PROFILES, EvalConfig, Evaluator
 from kernelfleet.evaluator import reasons as R
 from tests.support import evaluator_cases as C
 
 FAST: dict[str, Any] = {
     "device": "cpu",
-    "correctness_trials": 2,
-    "timing_trials": 3,
-    "warmup": 1,
-    "flush_bytes": 0,
-    "max_speedup_cv": None,
-    "speedup_recheck": None,
-    "timing_processes": 1,  # one pair: these tests are about what happens inside one
-    "timing_retries": 0,
+    "correctness": {"trials": 2},
+    "timing": {
+        "trials": 3,
+        "warmup": 1,
+        "flush_bytes": 0,
+        "max_speedup_cv": None,
+        "speedup_recheck": None,
+        "processes": 1,  # one pair: these tests are about what happens inside one
+        "retries": 0,
+    },
 }
 MATMUL = Task(name="matmul", code=C.MATMUL_TASK)
 
 
 def judge_all(profile: str, candidates: list[str]) -> list[EvaluationResult]:
-    with Evaluator(EvalConfig(**FAST, profile=profile)) as evaluator:
+    with Evaluator(
+        EvalConfig.model_validate(merged({"correctness": {"profile": profile}}, FAST))
+    ) as evaluator:
         return evaluator.evaluate_batch([(MATMUL, code) for code in candidates], progress=False)
 
 

@@ -23,7 +23,7 @@ from kernelfleet.evaluator import reasons as R
 from kernelfleet.evaluator._ops import builds_custom_kernel, declared_kernels, needs_native_build
 from tests.support import evaluator_cases as C
 
-FAST = {"device": "cpu", "correctness_trials": 2, "timing": False, "warmup": 1}
+FAST = {"device": "cpu", "correctness": {"trials": 2}, "timing": {"enabled": False, "warmup": 1}}
 
 
 def _jsonl(path: Path) -> Path:
@@ -114,7 +114,7 @@ def test_a_latin1_task_with_a_coding_line_is_valid(tmp_path: Path) -> None:
     [task] = load_tasks(path)
     assert 'LABEL = "caf\u00e9"' in task.code
     # The evaluator writes it back in its declared encoding, so it imports as it was read.
-    with Evaluator(EvalConfig(**FAST)) as evaluator:
+    with Evaluator(EvalConfig.model_validate(FAST)) as evaluator:
         result = evaluator.evaluate(task, C.HONEST)
     assert result.verdict == "correct", result.reasons
     # Without the coding line, the same bytes are not UTF-8: the message says what to do.
@@ -150,34 +150,48 @@ def test_gpu_class(name: str, expected: str) -> None:
 
 def test_config_defaults_and_validation() -> None:
     config = EvalConfig()
-    assert config.correctness_trials >= 5 and config.timing_trials >= 100
-    assert config.profile == "strict" and config.speedup_recheck == 3.0 and config.review_ceiling == 10.0
-    assert config.result_version == f"{EVALUATOR_VERSION}+strict"
-    assert EvalConfig(require_kernel=True, profile="kernelbench-v0").result_version.endswith(
-        "+kernelbench-v0.kernel"
+    assert config.correctness.trials >= 5 and config.timing.trials >= 100
+    assert (
+        config.correctness.profile == "strict"
+        and config.timing.speedup_recheck == 3.0
+        and config.timing.review_ceiling == 10.0
     )
+    assert config.result_version == f"{EVALUATOR_VERSION}+strict"
+    assert EvalConfig.model_validate(
+        {"correctness": {"require_kernel": True, "profile": "kernelbench-v0"}}
+    ).result_version.endswith("+kernelbench-v0.kernel")
     # Other clock settings change what a millisecond means: their results are cached apart.
-    assert EvalConfig(timing_clock="device").result_version == f"{EVALUATOR_VERSION}+strict.device"
-    assert EvalConfig(timing_lead_us=0).result_version == f"{EVALUATOR_VERSION}+strict.lead0us"
-    assert EvalConfig(timing_processes=1).result_version == f"{EVALUATOR_VERSION}+strict.pairs1"
+    assert (
+        EvalConfig.model_validate({"timing": {"lead_us": 0}}).result_version
+        == f"{EVALUATOR_VERSION}+strict.lead0us"
+    )
+    assert (
+        EvalConfig.model_validate({"timing": {"processes": 1}}).result_version
+        == f"{EVALUATOR_VERSION}+strict.pairs1"
+    )
     assert config.profile_rules.tolerance("float32") == (1e-4, 1e-4)
-    assert EvalConfig(profile="kernelbench-v0").profile_rules.tolerance("float32") == (1e-2, 1e-2)
-    assert config.resolved_flush_bytes(on_cuda=True) == 256 * 1024 * 1024
+    assert EvalConfig.model_validate({"correctness": {"profile": "kernelbench-v0"}}).profile_rules.tolerance(
+        "float32"
+    ) == (1e-2, 1e-2)
+    assert config.timing.resolved_flush_bytes(on_cuda=True) == 256 * 1024 * 1024
     for bad in (
         {"device": "gpu"},
-        {"profile": "loose"},
-        {"timing_trials": 1},
-        {"baseline_modes": ("fast",)},
-        {"timing_clock": "wall"},
-        {"timing_lead_us": -1},
-        {"timing_lead_us": 50000},
-        {"timing_processes": 0},
-        {"timing_processes": 5},
+        {"correctness": {"profile": "loose"}},
+        {"timing": {"trials": 1}},
+        {"timing": {"baseline_modes": ("fast",)}},
+        {"timing": {"lead_us": -1}},
+        {"timing": {"lead_us": 50000}},
+        {"timing": {"processes": 0}},
+        {"timing": {"processes": 5}},
     ):
         with pytest.raises(ValidationError):
-            EvalConfig(**bad)
+            EvalConfig.model_validate(bad)
     with pytest.raises(ValidationError):
         config.device = "cuda"  # type: ignore[misc]
+    # Settings deleted after 0.8.9 are refused with the reason, naming the setting.
+    for deleted in ({"timing_clock": "device"}, {"launch_tolerance": 0.04}, {"pin_processes": True}):
+        with pytest.raises(ValidationError, match=f"{next(iter(deleted))} was deleted after evaluator 0.8.9"):
+            EvalConfig.model_validate(deleted)
 
 
 def test_reasons() -> None:

@@ -24,7 +24,6 @@ from kernelfleet.evaluator._timing import (
     pin_timing_thread,
     run_timing,
     stats,
-    wants_primer,
 )
 
 
@@ -129,64 +128,12 @@ def test_the_timing_thread_is_pinned_alone_and_a_cpu_it_may_not_use_leaves_it_fr
     assert os.sched_getaffinity(0) == set(allowed)  # only the calling thread moved
 
 
-def test_short_calls_are_primed_on_the_last_rounds_values() -> None:
-    """With primer_below_ms set, every call is preceded by an untimed one of the same subject on
-    the values its last call saw (filled in after the primer, so the timed call's values are
-    never the primer's), warm-up rounds always, timed rounds while the warm-up calls were short."""
-
-    def calls_of(primer_below_ms: float) -> list[bytes]:
-        bank = InputBank([[torch.randn(64)], [torch.randn(64)]])
-        seen: list[bytes] = []
-
-        def call(buffers: list[Any]) -> torch.Tensor:
-            seen.append(buffers[0].numpy().tobytes())
-            return buffers[0] * 2
-
-        run_timing(
-            [Subject("a", call, [torch.zeros(64)])],
-            bank,
-            device=torch.device("cpu"),
-            warmup=2,
-            trials=10,
-            flush_bytes=0,
-            rng=random.Random(0),
-            primer_below_ms=primer_below_ms,
-        )
-        return seen
-
-    primed = calls_of(1e6)
-    assert len(primed) == 24  # a primer before each of the 12 calls
-    timed = primed[1::2]
-    assert len(set(timed)) == 12  # every timed call saw fresh values ...
-    # ... and each primer the values of the timed call before it.
-    assert all(primer == last for primer, last in zip(primed[2::2], timed, strict=False))
-    assert len(calls_of(0.0)) == 12  # off: no primer at all
-    assert len(calls_of(1e-9)) == 2 * 2 + 10  # calls longer than the bound: warm-up primed, timed not
+def test_a_timing_request_gives_both_sides_the_same_lead() -> None:
+    clock = clock_for({"lead_us": 500, "reps": 6}, torch.device("cpu"), None)
+    assert clock.lead_reps == 0  # the CPU has no GPU to lead
 
 
-def test_the_primer_rule_times_both_sides_alike() -> None:
-    assert wants_primer({"reference": [30.0, 31.0], "candidate": [0.2, 0.3]}, 20.0)
-    assert not wants_primer({"reference": [30.0, 31.0], "candidate": [25.0, 26.0]}, 20.0)
-    assert wants_primer({"reference": [], "candidate": []}, 20.0)  # no figures yet: primed
-    assert not wants_primer({"reference": [0.1]}, 0.0)  # off
-
-
-def test_an_unknown_clock_is_refused_with_the_choices() -> None:
-    with pytest.raises(ValueError, match="device, stream"):
-        _Clock(torch.device("cpu"), "wall")
-
-
-def test_a_timing_request_names_the_clock_both_sides_use() -> None:
-    clock = clock_for({"clock": "stream", "lead_us": 500, "reps": 6}, torch.device("cpu"), None)
-    assert clock.mode == "stream" and clock.lead_reps == 0  # the CPU has no GPU to lead
-    assert clock_for({}, torch.device("cpu"), None).mode == "device"  # a request from before the setting
-
-
-def test_the_cpu_clock_is_the_same_whatever_the_gpu_clock_setting() -> None:
-    """On the CPU there are no streams: both settings read the wall clock, with no stream figure
-    and no spill."""
-    for mode in ("device", "stream"):
-        ms, naive, spill, out = _Clock(torch.device("cpu"), mode, lead_us=50).measure(
-            lambda: torch.ones(3) * 2
-        )
-        assert ms >= 0 and naive is None and spill is None and out.tolist() == [2.0, 2.0, 2.0]
+def test_the_cpu_clock_reads_the_wall_clock() -> None:
+    """On the CPU there are no streams: no stream figure and no spill."""
+    ms, naive, spill, out = _Clock(torch.device("cpu"), lead_us=50).measure(lambda: torch.ones(3) * 2)
+    assert ms >= 0 and naive is None and spill is None and out.tolist() == [2.0, 2.0, 2.0]

@@ -161,7 +161,7 @@ def test_the_rl_stage_talks_to_its_evaluation_service_with_the_token_from_a_secr
     mount = next(m for m in evaluator["volumeMounts"] if token_file.startswith(m["mountPath"]))
     volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
     assert volume["secret"]["secretName"] == secret
-    assert command[command.index("--profile") + 1] == "strict"
+    assert command[command.index("--correctness-profile") + 1] == "strict"
     assert evaluator["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": EVAL_PORT}
 
     service = eval_service(rl, OWNER)
@@ -177,15 +177,14 @@ def test_the_evaluation_service_gets_every_evaluation_setting_of_the_spec() -> N
     pool, a timeout) would make the run's rewards other than the ones its spec asked for."""
     import argparse
 
+    from kernelfleet.core.options import leaf_fields, lookup
     from kernelfleet.core.settings import EvaluationSettings
     from kernelfleet.evaluator import cli as eval_cli
 
     evaluation = {
-        "profile": "kernelbench-v0",
-        "referenceProcesses": 4,
-        "timeoutSeconds": 120,
-        "requireKernel": True,
-        "memoryLimit": "8G",
+        "correctness": {"profile": "kernelbench-v0", "requireKernel": True},
+        "timing": {"referenceProcesses": 4},
+        "limits": {"timeoutSeconds": 120, "memory": "8G"},
     }
     run = resolved_spec(spec(evaluation=evaluation), RunRef(OWNER.namespace, OWNER.name, OWNER.uid))
     command = eval_deployment(run, run.stages[1], OWNER, gpu_class=POOLS["l40"], settings=SETTINGS)["spec"][
@@ -195,12 +194,12 @@ def test_the_evaluation_service_gets_every_evaluation_setting_of_the_spec() -> N
     eval_cli.register(parser.add_subparsers())
     args = parser.parse_args(command[1:])
     served = eval_cli._config(args, eval_cli.SERVE_OPTIONS, eval_cli.SERVE_DEFAULTS)
-    for field in EvaluationSettings.model_fields:
-        assert getattr(served, field) == getattr(served_settings(run.evaluation), field), field
-    assert served.reference_processes == 4 and served.require_kernel is True
+    for path in leaf_fields(EvaluationSettings):
+        assert lookup(served, path) == lookup(served_settings(run.evaluation), path), path
+    assert served.timing.reference_processes == 4 and served.correctness.require_kernel is True
     # timingProcessesMax left out of the spec: exactly timing_processes pairs, as a local run
     # evaluates, not the service's own default of 4; the same result-cache key as well.
-    assert served.timing_processes_max == served.timing_processes == 2
+    assert served.timing.processes_max == served.timing.processes == 2
     assert ".pairsmax" not in served.result_version
 
 
@@ -209,8 +208,8 @@ def test_a_spec_without_a_reference_pool_turns_the_services_pool_off() -> None:
     gets `--reference-processes 0`, so that its cluster rewards match a local run's."""
     run = resolved_spec(spec(), RunRef(OWNER.namespace, OWNER.name, OWNER.uid))
     command = eval_command(run)
-    assert command[command.index("--reference-processes") + 1] == "0"
-    assert command[command.index("--timing-processes-max") + 1] == str(run.evaluation.timing_processes)
+    assert command[command.index("--timing-reference-processes") + 1] == "0"
+    assert command[command.index("--timing-processes-max") + 1] == str(run.evaluation.timing.processes)
 
 
 def test_a_token_secret_named_in_the_spec_is_used_as_is() -> None:

@@ -17,15 +17,19 @@ from kernelfleet.evaluator import EvalConfig, Evaluator
 from kernelfleet.search import Budget, LoopSettings, QuietProgress, ReplayPolicy, ReplayRow, optimize
 from tests.support import evaluator_cases as C
 
-CONFIG = EvalConfig(
-    device="cpu",
-    correctness_trials=2,
-    timing_trials=3,
-    warmup=1,
-    flush_bytes=0,
-    max_speedup_cv=None,
-    speedup_recheck=None,
-    timing_retries=0,
+CONFIG = EvalConfig.model_validate(
+    {
+        "device": "cpu",
+        "correctness": {"trials": 2},
+        "timing": {
+            "trials": 3,
+            "warmup": 1,
+            "flush_bytes": 0,
+            "max_speedup_cv": None,
+            "speedup_recheck": None,
+            "retries": 0,
+        },
+    }
 )
 
 

@@ -100,7 +100,7 @@ def test_optimize_prints_the_table_and_resumes(workspace: Path, capsys: pytest.C
     triple = next(line for line in lines if line.startswith("triple"))
     assert "nothing verified" in triple
     first = CliEvaluator.instances[0]
-    assert first.config.device == "cpu" and first.config.baseline_modes == ("eager", "compile")
+    assert first.config.device == "cpu" and first.config.timing.baseline_modes == ("eager", "compile")
     assert len(first.evaluated) == 5  # three replay rows + compile-default for each task
 
     assert run_cli(*argv) == 0

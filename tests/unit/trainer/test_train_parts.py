@@ -263,13 +263,12 @@ def test_rewards_from_the_evaluation_service_are_cached_in_the_store(tmp_path: P
     task = load_tasks(str(EXAMPLE_TASKS / "diag_matmul.py"))[0]
     fast = (ROOT / "examples" / "candidates" / "diag_matmul__row_scale.py").read_text()
     wrong = fast.replace("a.unsqueeze(1) * b", "a.unsqueeze(0) * b[:1]")
-    config = EvalConfig(
-        device="cpu",
-        correctness_trials=1,
-        timing_trials=3,
-        warmup=1,
-        max_speedup_cv=None,
-        speedup_recheck=None,
+    config = EvalConfig.model_validate(
+        {
+            "device": "cpu",
+            "correctness": {"trials": 1},
+            "timing": {"trials": 3, "warmup": 1, "max_speedup_cv": None, "speedup_recheck": None},
+        }
     )
     store = open_store(tmp_path / "store")
     with Evaluator(config) as evaluator:

@@ -21,6 +21,7 @@ from typing import Any
 from kernelfleet.core.errors import UsageError
 from kernelfleet.core.models import Task
 from kernelfleet.core.resources import StageType
+from kernelfleet.core.settings import merged
 from kernelfleet.core.store import NotFound, ObjectConflict, Store, open_store
 from kernelfleet.core.tasks import load_tasks
 from kernelfleet.core.training import TrainingLayout, run_record, stage_done
@@ -96,9 +97,8 @@ def open_run(
     tasks = load_run_tasks(config)
     split = split_tasks(tasks, config.spec.held_out)
     evaluation = config.spec.evaluation
-    settings: dict[str, Any] = {**evaluation.model_dump(), "device": device or _default_device()}
-    settings.update(eval_overrides or {})
-    with Evaluator(EvalConfig(**settings)) as evaluator:
+    settings = merged(evaluation.model_dump(), {"device": device or _default_device()})
+    with Evaluator(EvalConfig.model_validate(merged(settings, eval_overrides or {}))) as evaluator:
         ctx = StageContext(
             config=config,
             store=opened,

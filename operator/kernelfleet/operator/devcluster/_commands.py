@@ -184,7 +184,7 @@ def demo(args: argparse.Namespace) -> int:
             "10",
             "--correctness-trials",
             "1",
-            "--warmup",
+            "--timing-warmup",
             "1",
             # Two worker pods side by side, two tasks each.
             "--parallelism",
