@@ -45,6 +45,11 @@ def use_bf16(requested: bool) -> bool:
     return requested
 
 
+def ddp_backend() -> str | None:
+    """gloo for ranks without a GPU (a CPU test of a multi-node stage); None: NCCL, the default."""
+    return None if torch.cuda.is_available() else "gloo"
+
+
 def lora_config(fields: PeftFields) -> Any:
     if not fields.use_peft:
         return None
@@ -118,6 +123,7 @@ def fine_tune(
         seed=config.seed,
         report_to="none",
         disable_tqdm=True,
+        ddp_backend=ddp_backend(),
     )
     dataset = Dataset.from_list([{"prompt": row["prompt"], "completion": row["completion"]} for row in rows])
     tokenizer = load_tokenizer(model_path)

@@ -2,7 +2,8 @@
 command which started it.
 
 `DevCluster.up` starts the same servers the e2e tier uses (etcd, kube-apiserver,
-kube-controller-manager, kube-scheduler, kwok, optionally with nodes in the four GPU pools)
+kube-controller-manager, kube-scheduler, the JobSet controller, kwok, optionally with nodes in
+the four GPU pools)
 plus MinIO with a `kernelfleet` bucket, each in its own session, and writes what another process
 needs to find and stop them into `cluster.json` in the cluster's directory. `DevCluster.load`
 reads it back; `down` stops every recorded process. The directory is private (mode 700): it
@@ -38,7 +39,16 @@ from kernelfleet.operator.devcluster._process import (
 BUCKET = "kernelfleet"
 STATE_FILE = "cluster.json"
 # Every binary `up` starts, so that a missing one is reported before anything starts.
-BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "minio", "helm")
+BINARIES = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kwok",
+    "minio",
+    "helm",
+    "jobset",
+)
 # kwok nodes complete pods without running them: none by default, so that every pod of a job
 # lands on the pod runner's nodes and really runs.
 KWOK_NODES_PER_POOL = 0

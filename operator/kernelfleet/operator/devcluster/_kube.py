@@ -1,5 +1,5 @@
 """A real Kubernetes control plane on loopback: etcd and kube-apiserver, and for a whole cluster
-kube-scheduler, kube-controller-manager and kwok with fake GPU nodes.
+kube-scheduler, kube-controller-manager, the JobSet controller and kwok with fake GPU nodes.
 
 There is no container runtime here, so no kubelet: kwok plays the nodes. It marks them Ready,
 renews their leases, moves scheduled pods to Running and completes the pods of Jobs, which
@@ -16,6 +16,7 @@ from pathlib import Path
 
 import yaml
 
+from kernelfleet.operator.devcluster._jobset import JobSetController
 from kernelfleet.operator.devcluster._pki import Pki
 from kernelfleet.operator.devcluster._process import (
     BUILD_HINT,
@@ -195,7 +196,8 @@ class ControlPlane:
         self.etcd.process.stop()
 
     def add_cluster_components(self) -> None:
-        """Start kube-controller-manager, kube-scheduler and kwok against this API server."""
+        """Start kube-controller-manager, kube-scheduler, kwok and the JobSet controller against
+        this API server."""
         kubeconfig = str(self.kubeconfig)
         common = [
             f"--kubeconfig={kubeconfig}",
@@ -248,6 +250,9 @@ class ControlPlane:
         for process in (kcm, scheduler, kwok):
             process.start()
             self.extra.append(process)
+        jobset = JobSetController(self.workdir / "jobset", self.kubeconfig, pki)
+        jobset.start()
+        self.extra.append(jobset.process)
 
 
 def kwok_configuration() -> str:
