@@ -19,7 +19,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
@@ -158,7 +158,21 @@ def restore_checkpoint(ctx: StageContext, store_prefix: str, output_dir: Path) -
     return target
 
 
-def fetch_model(ctx: StageContext, source: str, name: str) -> Path:
+class RunPlace(Protocol):
+    """Where a run's weights come from and go: what `fetch_model` and `input_model` need (a
+    StageContext, or the generator's, which evaluates nothing)."""
+
+    @property
+    def config(self) -> RunConfig: ...
+    @property
+    def store(self) -> Store: ...
+    @property
+    def layout(self) -> TrainingLayout: ...
+    @property
+    def work_dir(self) -> Path: ...
+
+
+def fetch_model(ctx: RunPlace, source: str, name: str) -> Path:
     """A local directory holding the weights named by `source`.
 
     `source` is a local directory, a store URL (file:// or s3://) of a directory uploaded with
@@ -184,7 +198,7 @@ def fetch_model(ctx: StageContext, source: str, name: str) -> Path:
     return Path(source)
 
 
-def input_model(ctx: StageContext, stage: TrainingStage) -> Path:
+def input_model(ctx: RunPlace, stage: TrainingStage) -> Path:
     """The weights `stage` starts from: the previous stage's final model, or the base model."""
     previous = ctx.config.previous(stage.name)
     if previous is None:
