@@ -9,6 +9,7 @@ load the result without peft.
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -46,8 +47,10 @@ def use_bf16(requested: bool) -> bool:
 
 
 def ddp_backend() -> str | None:
-    """gloo for ranks without a GPU (a CPU test of a multi-node stage); None: NCCL, the default."""
-    return None if torch.cuda.is_available() else "gloo"
+    """gloo for several ranks without a GPU (a CPU run of a multi-node stage under torchrun);
+    None otherwise: NCCL between GPUs, and no process group at all for a single process."""
+    several = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    return "gloo" if several and not torch.cuda.is_available() else None
 
 
 def lora_config(fields: PeftFields) -> Any:
