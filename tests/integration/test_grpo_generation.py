@@ -98,7 +98,7 @@ def test_a_grpo_step_generates_through_trls_server_mode_and_is_rewarded_by_eval_
     model, ids = answer_model(tmp_path / "model", [answer_text(FAST), answer_text(WRONG)])
     eos = AutoTokenizer.from_pretrained(str(model)).eos_token_id
     answers = [[ids[0], eos], [ids[1], eos]]  # each answer is one token of this model's, then end
-    grpo = {
+    grpo: dict[str, Any] = {
         "learning_rate": 0.02,
         "num_generations": 2,
         "beta": 0.0,

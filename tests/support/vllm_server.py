@@ -145,8 +145,8 @@ class VLLMStandIn:
         if problems:
             return 400, {"error": "; ".join(problems)}
         n, limit = int(body["n"]), int(body["max_tokens"])
-        choices = []
-        for prompt in prompts:
+        choices: list[dict[str, Any]] = []
+        for prompt in prompts or []:
             for index in range(n):
                 tokens = list(self.answers[index % len(self.answers)])[:limit]
                 choices.append(
