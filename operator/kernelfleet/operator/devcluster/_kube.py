@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import ssl
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
 from kernelfleet.operator.devcluster._jobset import JobSetController
+from kernelfleet.operator.devcluster._kueue import DEFAULT_FRAMEWORKS, Kueue
 from kernelfleet.operator.devcluster._pki import Pki
 from kernelfleet.operator.devcluster._process import (
     BUILD_HINT,
@@ -194,6 +195,13 @@ class ControlPlane:
             process.stop()
         self.apiserver.process.stop()
         self.etcd.process.stop()
+
+    def add_kueue(self, frameworks: Sequence[str] = DEFAULT_FRAMEWORKS) -> Kueue:
+        """Start Kueue's controller against this API server (its CRDs and webhooks installed)."""
+        kueue = Kueue(self.workdir / "kueue", self.kubeconfig, self.apiserver.pki, frameworks)
+        kueue.start()
+        self.extra.append(kueue.process)
+        return kueue
 
     def add_cluster_components(self) -> None:
         """Start kube-controller-manager, kube-scheduler, kwok and the JobSet controller against

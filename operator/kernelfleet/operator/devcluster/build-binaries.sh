@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Builds the servers that the integration and e2e tests and `kernelfleet dev-cluster` run
 # (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok, helm, MinIO, the JobSet
-# controller) from Go
-# modules, into a cache outside the repository. Nothing is downloaded as a binary: everything comes from the Go
+# controller, and on request Kueue) from Go modules, into a cache outside the repository. Nothing is
+# downloaded as a binary: everything comes from the Go
 # module proxy and is compiled with this machine's Go. A binary is rebuilt only when it is
 # missing for its pinned version, so a warm run costs nothing.
 #
 # Usage: build-binaries.sh [--print-dir] [COMPONENT...]   (scripts/build-test-binaries.sh in a checkout)
-#   COMPONENT: etcd kube minio kwok helm jobset (default: all)
+#   COMPONENT: etcd kube minio kwok helm jobset kueue (default: all but kueue, which only the e2e
+#   tier and `dev-cluster up --kueue` need)
 set -euo pipefail
 
 K8S_VERSION=1.37.2          # kube-apiserver, kube-controller-manager, kube-scheduler
@@ -15,6 +16,7 @@ ETCD_VERSION=3.6.16
 KWOK_VERSION=0.8.0
 HELM_VERSION=3.22.0
 JOBSET_VERSION=0.12.0       # sigs.k8s.io/jobset: a TrainingRun stage is one JobSet
+KUEUE_VERSION=0.19.2
 # MinIO's tags are not semver, so Go knows it by pseudo-version: this is the repository's final
 # commit (2026-02-12), the one the module proxy serves.
 MINIO_VERSION=v0.0.0-20260212201848-7aac2a2c5b7c
@@ -123,14 +125,28 @@ build_minio() {
   stamp minio "$MINIO_VERSION"
 }
 
+build_kueue() {
+  have kueue "$KUEUE_VERSION" && return 0
+  log "building kueue v$KUEUE_VERSION"
+  GOBIN="$BIN" go install -ldflags "-s -w" "sigs.k8s.io/kueue/cmd/kueue@v$KUEUE_VERSION"
+  # Kueue's CRDs and webhook registrations ship inside the module; the servers install them from
+  # here (the webhooks rewritten to point at the local process).
+  local src manifests="$BIN/kueue-manifests"; src="$(go env GOMODCACHE)/sigs.k8s.io/kueue@v$KUEUE_VERSION/config/components"
+  rm -rf "$manifests"; mkdir -p "$manifests/crd"
+  cp "$src"/crd/bases/*.yaml "$manifests/crd/"
+  cp "$src/webhook/manifests.yaml" "$manifests/webhooks.yaml"
+  chmod -R u+w "$manifests"
+  stamp kueue "$KUEUE_VERSION"
+}
+
 components=("$@"); [[ ${#components[@]} -gt 0 ]] || components=(kube etcd minio kwok helm jobset)
 # Go parallelises each build over the cores already; running the builds side by side also
 # overlaps one build's downloads and linking with another's compiling.
 pids=()
 for c in "${components[@]}"; do
   case "$c" in
-    etcd|kube|minio|kwok|helm|jobset) ( "build_$c" ) & pids+=($!) ;;
-    *) log "unknown component '$c' (expected: etcd kube minio kwok helm jobset)"; exit 2 ;;
+    etcd|kube|minio|kwok|helm|jobset|kueue) ( "build_$c" ) & pids+=($!) ;;
+    *) log "unknown component '$c' (expected: etcd kube minio kwok helm jobset kueue)"; exit 2 ;;
   esac
 done
 rc=0; for p in "${pids[@]}"; do wait "$p" || rc=1; done
