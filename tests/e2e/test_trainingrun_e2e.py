@@ -325,10 +325,11 @@ def losses(store: Any, run: RunRef, stage: str) -> dict[int, float]:
     return found
 
 
-# DDP over gloo averages the two ranks' gradients in float32 in another order than one process
-# sums them: the losses agree to float32 rounding, far inside this bound, while ranks that did
-# not average (each training on its own two rows) drift apart from the first update on.
-LOSS_TOLERANCE = 1e-3
+# DDP over gloo sums the two ranks' gradients in another order than one process sums its batch's:
+# the losses agree to float32 rounding (about 1e-7 relative here), far inside this bound. Ranks
+# that do not form one world (each training alone on its own two rows) log a loss of about twice
+# the one process's (trl scales each rank's loss by the world size) and drift apart after it.
+LOSS_TOLERANCE = 1e-4
 
 
 def test_a_two_node_stage_trains_as_two_ranks_that_match_one_process(
@@ -344,22 +345,18 @@ def test_a_two_node_stage_trains_as_two_ranks_that_match_one_process(
 
     with setup.operator:
         single = setup.create("one-rank", [stage(4)])
-        setup.wait_finished(single)
+        first = setup.wait_finished(single)
         double = setup.create("two-nodes", [stage(2)], nodes=2, gpusPerNode=1)
-        setup.wait_finished(double)
+        second = setup.wait_finished(double)
 
-    # Two trainer pods ran (one per node of the stage), each one rank, and met at the first
-    # pod's stable host name.
+    # Two trainer pods ran (one per node of the stage), one rank each, and trained as one world.
     pods = setup.pods_of(double, "sft")
     assert sorted(pod.spec.hostname for pod in pods) == [
         f"{double.jobset_name('sft')}-trainer-0-{index}" for index in (0, 1)
     ]
     assert all(runner.exit_codes[pod.metadata.name] == 0 for pod in pods), runner.exit_codes
-    logs = [
-        (tmp_path / "runner" / f"{cluster.namespace}-{pod.metadata.name}" / "container.log") for pod in pods
-    ]
-    text = "\n".join(path.read_text(errors="replace") for path in logs)
-    assert "world_size=2" in text or "WORLD_SIZE" in text or "rank" in text.lower()
+    assert first["stages"][0]["metrics"].get("ranks") == 1, first["stages"][0]
+    assert second["stages"][0]["metrics"].get("ranks") == 2, second["stages"][0]
 
     one, two = losses(setup.store, single, "sft"), losses(setup.store, double, "sft")
     assert sorted(one) == sorted(two) == list(range(1, steps + 1)), (one, two)

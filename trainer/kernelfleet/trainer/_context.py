@@ -102,7 +102,13 @@ class StoreCallback(TrainerCallback):
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
         if state.is_world_process_zero:
-            self.status.update(phase="Running", step=state.global_step, max_steps=state.max_steps)
+            # `ranks`: the processes that train together (a multi-node stage shows all of them).
+            self.status.update(
+                phase="Running",
+                step=state.global_step,
+                max_steps=state.max_steps,
+                metrics={"ranks": args.world_size},
+            )
 
     def on_log(
         self,

@@ -59,7 +59,7 @@ from kernelfleet.trainer._rewards import (
     batch_metrics,
     make_backend,
 )
-from kernelfleet.trainer._sft import ddp_backend, load_tokenizer, lora_config, save_final, use_bf16
+from kernelfleet.trainer._sft import cpu_ranks, load_tokenizer, lora_config, save_final, use_bf16
 
 log = logging.getLogger(__name__)
 
@@ -393,7 +393,7 @@ def grpo_args(config: GRPOStageConfig, output_dir: Path) -> Any:
         seed=config.seed,
         report_to="none",
         disable_tqdm=True,
-        ddp_backend=ddp_backend(),
+        **cpu_ranks(),
     )
 
 

@@ -46,11 +46,12 @@ def use_bf16(requested: bool) -> bool:
     return requested
 
 
-def ddp_backend() -> str | None:
-    """gloo for several ranks without a GPU (a CPU run of a multi-node stage under torchrun);
-    None otherwise: NCCL between GPUs, and no process group at all for a single process."""
+def cpu_ranks() -> dict[str, Any]:
+    """Trainer settings for several ranks without a GPU (a CPU run of a multi-node stage under
+    torchrun): accelerate then runs them as one gloo world (without `use_cpu` it would leave each
+    rank training alone); nothing otherwise (NCCL between GPUs; one process needs no world)."""
     several = int(os.environ.get("WORLD_SIZE", "1")) > 1
-    return "gloo" if several and not torch.cuda.is_available() else None
+    return {"use_cpu": True, "ddp_backend": "gloo"} if several and not torch.cuda.is_available() else {}
 
 
 def lora_config(fields: PeftFields) -> Any:
@@ -126,7 +127,7 @@ def fine_tune(
         seed=config.seed,
         report_to="none",
         disable_tqdm=True,
-        ddp_backend=ddp_backend(),
+        **cpu_ranks(),
     )
     dataset = Dataset.from_list([{"prompt": row["prompt"], "completion": row["completion"]} for row in rows])
     tokenizer = load_tokenizer(model_path)
