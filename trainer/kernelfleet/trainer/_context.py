@@ -153,8 +153,12 @@ def checkpoint_key(ctx: StageContext, store_prefix: str, step: int) -> str:
 
 
 def restore_checkpoint(ctx: StageContext, store_prefix: str, output_dir: Path) -> Path | None:
-    """Download the newest complete checkpoint under `store_prefix` into `output_dir`; its path."""
-    found = newest_checkpoint(ctx.store, f"{store_prefix}/checkpoints/")
+    """Download the newest complete checkpoint under `store_prefix` into `output_dir`; its path.
+
+    With several ranks (their process group set up: the trainer's arguments' `device`), rank 0's
+    choice is every rank's: ranks that looked at the store a moment apart could otherwise resume
+    from different steps while an earlier attempt's upload completes."""
+    found = _agreed(newest_checkpoint(ctx.store, f"{store_prefix}/checkpoints/"))
     if found is None:
         return None
     step, key = found
@@ -176,6 +180,16 @@ class RunPlace(Protocol):
     def layout(self) -> TrainingLayout: ...
     @property
     def work_dir(self) -> Path: ...
+
+
+def _agreed(found: tuple[int, str] | None) -> tuple[int, str] | None:
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return found
+    box = [found]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def fetch_model(ctx: RunPlace, source: str, name: str) -> Path:

@@ -457,12 +457,14 @@ def run_grpo(
     work = ctx.stage_dir(stage.name)
     output_dir = work / "trainer"
     output_dir.mkdir(parents=True, exist_ok=True)
+    args = grpo_args(config, output_dir)
+    _ = args.device  # sets up the ranks' process group, in which they agree on the checkpoint
     resume = restore_checkpoint(ctx, ctx.layout.stage(stage.name), output_dir)
     try:
         trainer = GRPOTrainer(
             model=str(model_path),
             reward_funcs=make_reward_function(rollout),
-            args=grpo_args(config, output_dir),
+            args=args,
             train_dataset=Dataset.from_list(prompts.rows()),
             processing_class=tokenizer,
             peft_config=lora_config(config),

@@ -109,7 +109,6 @@ def fine_tune(
         raise UsageError(f"stage {stage.name}: no training examples; nothing to fine-tune on")
     output_dir = work / "trainer"
     output_dir.mkdir(parents=True, exist_ok=True)
-    resume = restore_checkpoint(ctx, store_prefix, output_dir)
     args = SFTConfig(
         output_dir=str(output_dir),
         learning_rate=config.learning_rate,
@@ -129,6 +128,8 @@ def fine_tune(
         disable_tqdm=True,
         **cpu_ranks(),
     )
+    _ = args.device  # sets up the ranks' process group, in which they agree on the checkpoint
+    resume = restore_checkpoint(ctx, store_prefix, output_dir)
     dataset = Dataset.from_list([{"prompt": row["prompt"], "completion": row["completion"]} for row in rows])
     tokenizer = load_tokenizer(model_path)
     trainer = SFTTrainer(

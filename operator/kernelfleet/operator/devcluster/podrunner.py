@@ -26,6 +26,7 @@ Only nodes named here are touched: kwok's nodes and their pods are not.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -446,9 +447,33 @@ class PodRunner:
 
     @staticmethod
     def _kill(running: _Running) -> None:
+        """Kill the pod's processes, all of them, as a container's end does: its process group
+        and every process below it (torchrun starts its workers in sessions of their own)."""
         if running.process.poll() is None:
-            os.killpg(running.process.pid, signal.SIGKILL)
+            below = _descendants(running.process.pid)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(running.process.pid, signal.SIGKILL)
+            for pid in below:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
             running.process.wait(timeout=30)
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below `pid`, read from /proc (children of children too)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(parent, []).append(int(stat.parent.name))
+    found, queue = [], [pid]
+    while queue:
+        for child in children.get(queue.pop(), []):
+            found.append(child)
+            queue.append(child)
+    return found
 
 
 def wait_until(what: str, check: Any, timeout: float, interval: float = 0.5) -> Any:
