@@ -15,6 +15,8 @@ same data. Killing one rank's pod restarts the JobSet, and training resumes from
 from __future__ import annotations
 
 import json
+import secrets
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -282,7 +284,7 @@ def test_an_evicted_stage_resumes_from_its_newest_checkpoint(
 
     # Two pods ran the stage: the evicted one (killed) and its replacement (exit 0).
     codes = sorted(runner.exit_codes.items())
-    assert len(codes) == 2 and sorted(code for _, code in codes)[-1] == 0, codes
+    assert sorted(code for _, code in codes) == [0, 137], codes  # 137: killed (SIGKILL)
     (jobset,) = setup.jobsets()
     # The eviction restarted the JobSet, and did not count against its restarts (backoffLimit).
     assert jobset["status"]["restarts"] == 1, jobset["status"]
@@ -399,3 +401,58 @@ def test_a_killed_rank_restarts_the_jobset_and_training_resumes_from_the_checkpo
     assert sorted(logged) == list(range(1, steps + 1)), logged
     stage = final["stages"][0]
     assert stage["phase"] == "Succeeded" and stage["step"] == steps
+
+
+def test_kueue_admits_a_whole_stage_or_nothing(
+    cluster: Any, minio: Any, runner: PodRunner, kueue_controller: Any, tmp_path: Path
+) -> None:
+    """Gang admission: a ClusterQueue of 6 GPUs of the runner class, two runs whose stage needs
+    4 each (2 nodes x 2 GPUs). One stage is admitted whole (both its pods run), the other waits
+    with no pod at all (never 2 of its 4 GPUs), and is admitted once the first stage finished."""
+    from kernelfleet.operator.devcluster._kueue import create_queue_objects, gpu_queue_manifests
+
+    suffix = secrets.token_hex(3)
+    create_queue_objects(
+        cluster.api_client,
+        gpu_queue_manifests(
+            {"runner": 6},
+            node_labels={"runner": {RUNNER_LABEL: "true"}},
+            cluster_queue=f"training-{suffix}",
+            local_queue="training",
+            namespaces=(cluster.namespace,),
+        ),
+    )
+    setup = Setup(cluster, minio, tmp_path)
+    sft = {
+        "name": "sft",
+        "type": "sft",
+        "data": {"dataset": setup.dataset_url},
+        "sft": {**TINY_SFT, "max_steps": 6},
+    }
+    gang = {"nodes": 2, "gpusPerNode": 2, "queueName": "training"}
+    with setup.operator:
+        first = setup.create("first", [sft], **gang)
+        second = setup.create("second", [sft], **gang)
+        runs = (first, second)
+
+        def one_running() -> RunRef | None:
+            pods = {run: setup.pods_of(run, "sft") for run in runs}
+            started = [run for run in runs if pods[run]]
+            return started[0] if len(started) == 1 and len(pods[started[0]]) == 2 else None
+
+        admitted = wait_for("one stage admitted whole", one_running, timeout=WAIT_S)
+        waiting = second if admitted == first else first
+        # While the admitted stage trains, the other one is queued: its JobSet suspended, its
+        # status saying so, and not one of its pods created.
+        while setup.status(admitted).get("phase") != "Succeeded":
+            assert not setup.pods_of(waiting, "sft"), "a part of the second stage started"
+            jobset = next(j for j in setup.jobsets() if j["metadata"]["name"] == waiting.jobset_name("sft"))
+            assert jobset["spec"]["suspend"] is True
+            if setup.status(admitted).get("phase") == "Failed":
+                raise AssertionError(setup.describe(admitted))
+            time.sleep(1.0)
+        queued = [c for c in setup.status(waiting).get("conditions", []) if c["type"] == "Running"]
+        assert queued and "queued in training" in queued[0]["message"], setup.status(waiting)
+        setup.wait_finished(waiting)
+    for run in runs:
+        assert setup.status(run)["stages"][0]["metrics"].get("ranks") == 4
