@@ -21,11 +21,12 @@ A stage's JobSet (sigs.k8s.io/jobset v1alpha2) has up to three roles, each a rep
 The trainer starts once the server it needs first is ready (`dependsOn`); the JobSet succeeds
 when the trainer's Job does (its success policy), and then stops the servers. Any pod that fails
 fails its Job (no retries inside a Job: ranks must restart together), and the JobSet restarts
-every role, up to `backoffLimit` times; a usage error (exit status 2: the same pods would fail
-the same way) fails the JobSet at once, and an eviction or preemption (the pod's
-`DisruptionTarget` condition) restarts it without counting. With `queueName` the JobSet carries
-Kueue's queue label and is created suspended: Kueue admits every role's pods as one workload.
-Every pod is the locked-down pod of `_jobs.pod_spec`.
+every role, up to `backoffLimit` times (the evaluation service's container alone is restarted
+in place, up to `backoffLimit` times, while the trainer's reward requests wait); a usage error
+(exit status 2: the same pods would fail the same way) fails the JobSet at once, and an eviction
+or preemption (the pod's `DisruptionTarget` condition) restarts it without counting. With
+`queueName` the JobSet carries Kueue's queue label and is created suspended: Kueue admits every
+role's pods as one workload. Every pod is the locked-down pod of `_jobs.pod_spec`.
 """
 
 from __future__ import annotations
@@ -180,21 +181,26 @@ def _replicated_job(
     labels: dict[str, str],
     container_name: str,
     depends_on: str = "",
+    restarts_in_place: int = 0,
 ) -> dict[str, Any]:
+    """One role. `restarts_in_place` > 0: the container is restarted where it runs (restart
+    policy OnFailure) up to that many times before its Job fails; else the first failed pod
+    fails the Job, and the JobSet's failure policy restarts every role."""
+    job_spec: dict[str, Any] = {
+        "completionMode": "Indexed",
+        "completions": pods,
+        "parallelism": pods,
+        "backoffLimit": restarts_in_place,
+        "template": {"metadata": {"labels": dict(labels)}, "spec": pod},
+    }
+    if restarts_in_place:
+        pod["restartPolicy"] = "OnFailure"
+    else:
+        job_spec["podFailurePolicy"] = _failure_policy(container_name)
     job: dict[str, Any] = {
         "name": role,
         "replicas": 1,
-        "template": {
-            "metadata": {"labels": dict(labels)},
-            "spec": {
-                "completionMode": "Indexed",
-                "completions": pods,
-                "parallelism": pods,
-                "backoffLimit": 0,
-                "podFailurePolicy": _failure_policy(container_name),
-                "template": {"metadata": {"labels": dict(labels)}, "spec": pod},
-            },
-        },
+        "template": {"metadata": {"labels": dict(labels)}, "spec": job_spec},
     }
     if depends_on:
         job["dependsOn"] = [{"name": depends_on, "status": "Ready"}]
@@ -317,7 +323,12 @@ def stage_jobset(
         if reward_class is None:
             raise ValueError("an RL stage with an evaluation service of its own needs its reward class")
         pod, labels = _evaluator(spec, stage, owner, gpu_class=reward_class, settings=settings)
-        replicated.append(_replicated_job(ROLE_REWARD, 1, pod, labels, EVAL_CONTAINER))
+        # The evaluation service restarts on its own: the trainer's reward requests wait and retry.
+        replicated.append(
+            _replicated_job(
+                ROLE_REWARD, 1, pod, labels, EVAL_CONTAINER, restarts_in_place=spec.backoff_limit or 1
+            )
+        )
     if runs_own_generator(spec, stage):
         pod, labels = _generator(
             spec, stage, owner, prefix=prefix, store_url=store_url, gpu_class=gpu_class, settings=settings

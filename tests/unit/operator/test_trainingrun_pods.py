@@ -205,8 +205,12 @@ def test_the_rl_stage_has_a_generator_and_a_reward_role_that_the_trainer_waits_f
     assert server["ports"][0]["containerPort"] == GENERATOR_PORT
     assert server["readinessProbe"]["httpGet"] == {"path": "/health", "port": GENERATOR_PORT}
 
+    # The evaluation service restarts in place (the trainer's reward requests wait and retry);
+    # only its Job's restarts spent restart the whole stage.
+    reward_job = roles(jobset)["reward"]["template"]["spec"]
+    assert reward_job["backoffLimit"] == 3 and "podFailurePolicy" not in reward_job
     reward = pod_of(roles(jobset)["reward"])
-    assert reward["restartPolicy"] == "Never" and reward["automountServiceAccountToken"] is False
+    assert reward["restartPolicy"] == "OnFailure" and reward["automountServiceAccountToken"] is False
     assert "NVIDIA-L40" in str(reward["affinity"])
     (evaluator,) = reward["containers"]
     assert evaluator["image"] == "registry.example/worker:1"
