@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import ipaddress
 import json
 import os
 import re
@@ -94,6 +95,14 @@ class HostPorts:
         return _IN_TEXT.sub(local, text)
 
 
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
 def install() -> None:
     """Answer `socket.getaddrinfo` for the pod host names of $KERNELFLEET_PODRUNNER_HOSTS."""
     path = os.environ.get(ENV)
@@ -103,7 +112,7 @@ def install() -> None:
     original = socket.getaddrinfo
 
     def getaddrinfo(host: Any, port: Any, *args: Any, **kwargs: Any) -> Any:
-        if isinstance(host, str) and port is not None and _NAME.match(host):
+        if isinstance(host, str) and port is not None and _NAME.match(host) and not _is_address(host):
             try:
                 number = int(port)
             except (TypeError, ValueError):
