@@ -116,6 +116,14 @@ def cluster_plane(server_root: Path) -> Iterator[object]:
     plane.stop()
 
 
+@pytest.fixture(scope="session")
+def kueue_controller(cluster_plane: object) -> object:
+    """Kueue's controller (built from its module, `build-test-binaries.sh kueue`) on the e2e
+    cluster, for the rest of the session once a test asks. It admits only Jobs (and JobSets) that
+    name a LocalQueue, so the tests that do not use it see no difference."""
+    return cluster_plane.add_kueue()  # type: ignore[attr-defined]
+
+
 def _namespaced(plane: object) -> Iterator[Kube]:
     from kubernetes import client
 

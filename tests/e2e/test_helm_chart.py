@@ -176,8 +176,9 @@ def test_install_creates_crds_operator_rbac_and_pools_then_uninstall_keeps_the_c
         ("create", "", "events", elsewhere, None),
         ("get", "", "secrets", elsewhere, None),
         ("create", "", "secrets", elsewhere, None),
-        ("create", "apps", "deployments", elsewhere, None),
-        ("delete", "", "services", elsewhere, None),
+        ("create", "jobset.x-k8s.io", "jobsets", elsewhere, None),
+        ("patch", "jobset.x-k8s.io", "jobsets", elsewhere, None),
+        ("delete", "jobset.x-k8s.io", "jobsets", elsewhere, None),
         ("watch", "apiextensions.k8s.io", "customresourcedefinitions", None, None),
         ("list", "", "namespaces", None, None),
     ]:
@@ -189,7 +190,9 @@ def test_install_creates_crds_operator_rbac_and_pools_then_uninstall_keeps_the_c
         ("delete", "", "pods", elsewhere),
         ("create", GROUP, "optimizationjobs", elsewhere),
         ("delete", GROUP, "trainingruns", elsewhere),
-        ("patch", "apps", "deployments", elsewhere),
+        ("create", "apps", "deployments", elsewhere),
+        ("create", "", "services", elsewhere),
+        ("update", "jobset.x-k8s.io", "jobsets", elsewhere),
         ("create", "apps", "statefulsets", elsewhere),
         ("create", "apiextensions.k8s.io", "customresourcedefinitions", None),
     ]:

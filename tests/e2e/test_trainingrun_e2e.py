@@ -1,18 +1,22 @@
-"""A TrainingRun on the whole cluster, for real: the operator creates each stage's Job, the
-scheduler binds its pod to a node of the run's pool, the pod runner (tests/support/podrunner.py,
-a kubelet without containers) runs `kernelfleet train stage` on this machine's CPU, the trainer
-trains a tiny model from a config (random weights, a tokenizer trained here) with trl and keeps
-its checkpoints in the real MinIO, and the run ends Complete with each stage's steps, checkpoint
-and model in its status. Deleting the run deletes its Jobs (the garbage collector); the store
-keeps everything.
+"""A TrainingRun on the whole cluster, for real: the operator creates each stage's JobSet, the
+JobSet controller (built from its module) its Jobs and headless Service, the Job controller their
+pods, the scheduler binds them to a node of the run's pool, and the pod runner
+(tests/support/podrunner.py, a kubelet without containers) runs `kernelfleet train stage` on this
+machine's CPU. The trainer trains a tiny model from a config (random weights, a tokenizer trained
+here) with trl and keeps its checkpoints in the real MinIO, and the run ends Complete with each
+stage's steps, checkpoint and model in its status. Deleting the run deletes its JobSets (the
+garbage collector); the store keeps everything.
 
-The RL stage's rewards are evaluated in the training pod (`rewardGpus: 0`): this cluster runs no
-Deployment controller, so the evaluation service's lifecycle is checked in the integration tier.
+A two-node stage runs as two real processes that meet through the JobSet's stable host names
+(torchrun's c10d rendezvous, then gloo on the CPU); its loss matches a one-process run of the
+same data. Killing one rank's pod restarts the JobSet, and training resumes from the checkpoint.
 """
 
 from __future__ import annotations
 
 import json
+import secrets
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +30,7 @@ from kernelfleet.core.store import open_store
 from kernelfleet.core.tasks import load_tasks
 from kernelfleet.core.training import TrainingLayout, latest_checkpoint, stage_done
 from kernelfleet.operator._training_plan import RunRef
+from kernelfleet.operator._training_pods import LABEL_JOBSET
 from kernelfleet.search import build_messages
 from tests._servers._process import wait_for
 from tests.support.operator import OperatorProcess, apply_crds, store_secret
@@ -121,7 +126,7 @@ class Setup:
             ],
         )
 
-    def create(self, name: str, stages: list[dict[str, Any]]) -> RunRef:
+    def create(self, name: str, stages: list[dict[str, Any]], **spec: Any) -> RunRef:
         body = {
             "apiVersion": f"{GROUP}/{VERSION}",
             "kind": "TrainingRun",
@@ -132,9 +137,9 @@ class Setup:
                 "heldOut": {"fraction": 0.25, "evaluate": False},
                 "stages": stages,
                 "gpuClass": "runner",
-                "gpus": 1,
                 "rewardGpus": 0,
                 "evaluation": {"correctness": {"trials": 1}, "timing": {"trials": 10}},
+                **spec,
             },
         }
         made = self.cluster.custom.create_namespaced_custom_object(
@@ -169,11 +174,26 @@ class Setup:
             (j.metadata.name, j.status.to_dict())
             for j in self.cluster.batch.list_namespaced_job(namespace).items
         ]
+        jobsets = [(j["metadata"]["name"], j.get("status")) for j in self.jobsets()]
         pods = [
             (p.metadata.name, p.status.phase, p.metadata.deletion_timestamp, p.spec.node_name)
             for p in self.cluster.core.list_namespaced_pod(namespace).items
         ]
-        return f"status {json.dumps(self.status(run), default=str)}; jobs {jobs}; pods {pods}"
+        return (
+            f"status {json.dumps(self.status(run), default=str)}; jobsets {jobsets}; jobs {jobs}; pods {pods}"
+        )
+
+    def jobsets(self) -> list[dict[str, Any]]:
+        listed = self.cluster.custom.list_namespaced_custom_object(
+            "jobset.x-k8s.io", "v1alpha2", self.cluster.namespace, "jobsets"
+        )
+        return list(listed["items"])
+
+    def pods_of(self, run: RunRef, stage: str) -> list[Any]:
+        selector = f"{LABEL_JOBSET}={run.jobset_name(stage)}"
+        return list(
+            self.cluster.core.list_namespaced_pod(self.cluster.namespace, label_selector=selector).items
+        )
 
     def sft_stage(self, steps: int) -> dict[str, Any]:
         return {
@@ -182,6 +202,16 @@ class Setup:
             "data": {"dataset": self.dataset_url},
             "sft": {**TINY_SFT, "max_steps": steps, "save_steps": 1},
         }
+
+
+def checkpoint_attempts(store: Any, layout: TrainingLayout, stage: str) -> dict[str, list[int]]:
+    """The steps of the stage's checkpoints, by the process attempt that wrote them."""
+    attempts: dict[str, list[int]] = {}
+    for key in store.list(layout.checkpoints(stage)):
+        folder = key[len(layout.checkpoints(stage)) :].split("/", 1)[0]
+        _, step, attempt = folder.split("-")
+        attempts.setdefault(attempt, []).append(int(step))
+    return attempts
 
 
 def test_a_training_run_goes_through_its_stages_with_checkpoints_in_minio(
@@ -193,12 +223,13 @@ def test_a_training_run_goes_through_its_stages_with_checkpoints_in_minio(
         run = setup.create("tiny", [setup.sft_stage(2), {"name": "rl", "type": "grpo", "grpo": TINY_GRPO}])
         final = setup.wait_finished(run)
 
-        # Each stage ran as its own pod on the runner's node and exited 0.
+        # Each stage ran as its own JobSet, one trainer pod on the runner's node that exited 0.
         pods = cluster.core.list_namespaced_pod(cluster.namespace).items
         assert {pod.spec.node_name for pod in pods} == {runner.nodes[0].name}
         assert sorted(runner.exit_codes.values()) == [0, 0], runner.exit_codes
-        jobs = {job.metadata.name for job in cluster.batch.list_namespaced_job(cluster.namespace).items}
-        assert jobs == {run.job_name("sft"), run.job_name("rl")}
+        jobsets = {jobset["metadata"]["name"]: jobset for jobset in setup.jobsets()}
+        assert set(jobsets) == {run.jobset_name("sft"), run.jobset_name("rl")}
+        assert all(jobset["status"]["terminalState"] == "Completed" for jobset in jobsets.values())
 
         # The status shows each stage's steps, checkpoint and model, and the run is Complete.
         assert final["stagesDone"] == 2 and final["currentStage"] == ""
@@ -217,11 +248,11 @@ def test_a_training_run_goes_through_its_stages_with_checkpoints_in_minio(
             assert found is not None and found[0] == 2, name
             assert stage_done(store, layout, name) and store.dir_complete(layout.model(name))
 
-        # Deleting the run deletes its Jobs and pods; the store keeps everything.
+        # Deleting the run deletes its JobSets, Jobs and pods; the store keeps everything.
         cluster.custom.delete_namespaced_custom_object(GROUP, VERSION, cluster.namespace, PLURAL, run.name)
         wait_for(
-            "the Jobs to be garbage-collected",
-            lambda: not cluster.batch.list_namespaced_job(cluster.namespace).items,
+            "the JobSets and Jobs to be garbage-collected",
+            lambda: not setup.jobsets() and not cluster.batch.list_namespaced_job(cluster.namespace).items,
             timeout=120.0,
         )
         assert latest_checkpoint(store, layout, "rl") is not None
@@ -243,9 +274,7 @@ def test_an_evicted_stage_resumes_from_its_newest_checkpoint(
         first = wait_for(
             "a first checkpoint", lambda: latest_checkpoint(store, layout, "sft"), timeout=WAIT_S
         )
-        (pod,) = cluster.core.list_namespaced_pod(
-            cluster.namespace, label_selector=f"job-name={run.job_name('sft')}"
-        ).items
+        (pod,) = setup.pods_of(run, "sft")
         cluster.core.create_namespaced_pod_eviction(
             pod.metadata.name,
             cluster.namespace,
@@ -255,17 +284,175 @@ def test_an_evicted_stage_resumes_from_its_newest_checkpoint(
 
     # Two pods ran the stage: the evicted one (killed) and its replacement (exit 0).
     codes = sorted(runner.exit_codes.items())
-    assert len(codes) == 2 and sorted(code for _, code in codes)[-1] == 0, codes
-    job = cluster.batch.read_namespaced_job(run.job_name("sft"), cluster.namespace)
-    assert not job.status.failed, "an eviction is not a failure: the Job's retries are untouched"
+    assert sorted(code for _, code in codes) == [0, 137], codes  # 137: killed (SIGKILL)
+    (jobset,) = setup.jobsets()
+    # The eviction restarted the JobSet, and did not count against its restarts (backoffLimit).
+    assert jobset["status"]["restarts"] == 1, jobset["status"]
+    assert not jobset["status"].get("restartsCountTowardsMax"), jobset["status"]
     # The replacement resumed: its checkpoints (a new attempt) start after the evicted pod's.
-    attempts: dict[str, list[int]] = {}
-    for key in store.list(layout.checkpoints("sft")):
-        folder = key[len(layout.checkpoints("sft")) :].split("/", 1)[0]
-        _, step, attempt = folder.split("-")
-        attempts.setdefault(attempt, []).append(int(step))
+    attempts = checkpoint_attempts(store, layout, "sft")
     assert len(attempts) == 2, attempts
     before, after = sorted(attempts.values(), key=min)
     assert min(after) > first[0] and min(after) > min(before) and max(after) == steps, attempts
     stage = final["stages"][0]
     assert stage["phase"] == "Succeeded" and stage["step"] == steps
+
+
+def distinct_dataset(store: Any) -> str:
+    """Four different examples (one per example task): each rank of a two-node stage trains on
+    other rows than the other, so only gradients averaged across the ranks give the loss of one
+    process that sees all four."""
+    rows = []
+    for path in sorted((ROOT / "examples" / "candidates").glob("*.py"))[:4]:
+        task = load_tasks(str(EXAMPLE_TASKS / f"{path.stem.split('__')[0]}.py"))[0]
+        rows.append(
+            {
+                "prompt": build_messages(task, [], "cpu", "cpu"),
+                "completion": [{"role": "assistant", "content": answer_text(path.read_text())}],
+            }
+        )
+    store.put_bytes("inputs/distinct.jsonl", "".join(json.dumps(row) + "\n" for row in rows).encode())
+    return str(store.url_for("inputs/distinct.jsonl"))
+
+
+def losses(store: Any, run: RunRef, stage: str) -> dict[int, float]:
+    """Each step's logged loss, the newest record of each step (a step logged by a killed
+    attempt and again by the resumed one counts once, as the resumed one logged it)."""
+    layout = TrainingLayout(run.prefix)
+    found: dict[int, float] = {}
+    for key in sorted(store.list(layout.metrics_prefix(stage))):
+        record = store.get_json(key)
+        if "loss" in record:
+            found[int(record["step"])] = float(record["loss"])
+    return found
+
+
+# DDP over gloo sums the two ranks' gradients in another order than one process sums its batch's:
+# the losses agree to float32 rounding (about 1e-7 relative here), far inside this bound. Ranks
+# that do not form one world (each training alone on its own two rows) log a loss of about twice
+# the one process's (trl scales each rank's loss by the world size) and drift apart after it.
+LOSS_TOLERANCE = 1e-4
+
+
+def test_a_two_node_stage_trains_as_two_ranks_that_match_one_process(
+    cluster: Any, minio: Any, runner: PodRunner, tmp_path: Path
+) -> None:
+    setup = Setup(cluster, minio, tmp_path)
+    dataset = distinct_dataset(setup.store)
+    steps = 3
+
+    def stage(batch: int) -> dict[str, Any]:
+        sft = {**TINY_SFT, "max_steps": steps, "save_steps": steps, "per_device_train_batch_size": batch}
+        return {"name": "sft", "type": "sft", "data": {"dataset": dataset}, "sft": sft}
+
+    with setup.operator:
+        single = setup.create("one-rank", [stage(4)])
+        first = setup.wait_finished(single)
+        double = setup.create("two-nodes", [stage(2)], nodes=2, gpusPerNode=1)
+        second = setup.wait_finished(double)
+
+    # Two trainer pods ran (one per node of the stage), one rank each, and trained as one world.
+    pods = setup.pods_of(double, "sft")
+    assert sorted(pod.spec.hostname for pod in pods) == [
+        f"{double.jobset_name('sft')}-trainer-0-{index}" for index in (0, 1)
+    ]
+    assert all(runner.exit_codes[pod.metadata.name] == 0 for pod in pods), runner.exit_codes
+    assert first["stages"][0]["metrics"].get("ranks") == 1, first["stages"][0]
+    assert second["stages"][0]["metrics"].get("ranks") == 2, second["stages"][0]
+
+    one, two = losses(setup.store, single, "sft"), losses(setup.store, double, "sft")
+    assert sorted(one) == sorted(two) == list(range(1, steps + 1)), (one, two)
+    for step in one:
+        assert abs(one[step] - two[step]) <= LOSS_TOLERANCE * abs(one[step]), (step, one, two)
+    # The model changed: the steps' losses are not all the first one.
+    assert len({round(value, 6) for value in one.values()}) > 1, one
+
+
+def test_a_killed_rank_restarts_the_jobset_and_training_resumes_from_the_checkpoint(
+    cluster: Any, minio: Any, runner: PodRunner, tmp_path: Path
+) -> None:
+    setup = Setup(cluster, minio, tmp_path)
+    store = setup.store
+    dataset = distinct_dataset(store)
+    steps = 16
+    sft = {**TINY_SFT, "max_steps": steps, "save_steps": 1}
+    with setup.operator:
+        run = setup.create(
+            "killed", [{"name": "sft", "type": "sft", "data": {"dataset": dataset}, "sft": sft}], nodes=2
+        )
+        layout = TrainingLayout(run.prefix)
+        first = wait_for(
+            "a first checkpoint", lambda: latest_checkpoint(store, layout, "sft"), timeout=WAIT_S
+        )
+        (rank1,) = [p for p in setup.pods_of(run, "sft") if p.spec.hostname.endswith("-trainer-0-1")]
+        assert runner.crash(rank1.metadata.name, cluster.namespace)
+        final = setup.wait_finished(run)
+
+    (jobset,) = setup.jobsets()
+    assert jobset["status"]["restarts"] == 1, jobset["status"]
+    # Two attempts: the first until the kill, the second from its newest checkpoint on.
+    attempts = checkpoint_attempts(store, layout, "sft")
+    assert len(attempts) == 2, attempts
+    before, after = sorted(attempts.values(), key=min)
+    assert min(after) > first[0] and min(after) > min(before) and max(after) == steps, attempts
+    # Nothing lost, nothing counted twice: every step's loss is logged, the last is the stage's
+    # last step, and the trainer never ran past it.
+    logged = losses(store, run, "sft")
+    assert sorted(logged) == list(range(1, steps + 1)), logged
+    stage = final["stages"][0]
+    assert stage["phase"] == "Succeeded" and stage["step"] == steps
+
+
+def test_kueue_admits_a_whole_stage_or_nothing(
+    cluster: Any, minio: Any, runner: PodRunner, kueue_controller: Any, tmp_path: Path
+) -> None:
+    """Gang admission: a ClusterQueue of 6 GPUs of the runner class, two runs whose stage needs
+    4 each (2 nodes x 2 GPUs). One stage is admitted whole (both its pods run), the other waits
+    with no pod at all (never 2 of its 4 GPUs), and is admitted once the first stage finished."""
+    from kernelfleet.operator.devcluster._kueue import create_queue_objects, gpu_queue_manifests
+
+    suffix = secrets.token_hex(3)
+    create_queue_objects(
+        cluster.api_client,
+        gpu_queue_manifests(
+            {"runner": 6},
+            node_labels={"runner": {RUNNER_LABEL: "true"}},
+            cluster_queue=f"training-{suffix}",
+            local_queue="training",
+            namespaces=(cluster.namespace,),
+        ),
+    )
+    setup = Setup(cluster, minio, tmp_path)
+    sft = {
+        "name": "sft",
+        "type": "sft",
+        "data": {"dataset": setup.dataset_url},
+        "sft": {**TINY_SFT, "max_steps": 6},
+    }
+    gang = {"nodes": 2, "gpusPerNode": 2, "queueName": "training"}
+    with setup.operator:
+        first = setup.create("first", [sft], **gang)
+        second = setup.create("second", [sft], **gang)
+        runs = (first, second)
+
+        def one_running() -> RunRef | None:
+            pods = {run: setup.pods_of(run, "sft") for run in runs}
+            started = [run for run in runs if pods[run]]
+            return started[0] if len(started) == 1 and len(pods[started[0]]) == 2 else None
+
+        admitted = wait_for("one stage admitted whole", one_running, timeout=WAIT_S)
+        waiting = second if admitted == first else first
+        # While the admitted stage trains, the other one is queued: its JobSet suspended, its
+        # status saying so, and not one of its pods created.
+        while setup.status(admitted).get("phase") != "Succeeded":
+            assert not setup.pods_of(waiting, "sft"), "a part of the second stage started"
+            jobset = next(j for j in setup.jobsets() if j["metadata"]["name"] == waiting.jobset_name("sft"))
+            assert jobset["spec"]["suspend"] is True
+            if setup.status(admitted).get("phase") == "Failed":
+                raise AssertionError(setup.describe(admitted))
+            time.sleep(1.0)
+        queued = [c for c in setup.status(waiting).get("conditions", []) if c["type"] == "Running"]
+        assert queued and "queued in training" in queued[0]["message"], setup.status(waiting)
+        setup.wait_finished(waiting)
+    for run in runs:
+        assert setup.status(run)["stages"][0]["metrics"].get("ranks") == 4

@@ -96,6 +96,17 @@ def test_operator_pods_get_no_ingress_and_only_dns_store_policy_and_evaluator_eg
     assert service["ingress"] == [
         {"from": [{"podSelector": {"matchLabels": MANAGED}}], "ports": [{"protocol": "TCP", "port": 8470}]}
     ]
+    # A training stage's trainer ranks and its vLLM generator reach each other (rendezvous, NCCL).
+    peers = policies[(NAMESPACE, f"{FULLNAME}-training-peers")]["spec"]
+    selector = {
+        "matchLabels": MANAGED,
+        "matchExpressions": [
+            {"key": "kernelfleet.io/role", "operator": "In", "values": ["training-stage", "generator"]}
+        ],
+    }
+    assert peers["podSelector"] == selector
+    assert peers["ingress"] == [{"from": [{"podSelector": selector}]}]
+    assert peers["egress"] == [{"to": [{"podSelector": selector}]}]
 
 
 def test_policies_go_to_every_job_namespace_with_the_outside_store_and_endpoints_given(
@@ -106,8 +117,10 @@ def test_policies_go_to_every_job_namespace_with_the_outside_store_and_endpoints
     assert sorted(policies) == [
         ("team-kernels", f"{FULLNAME}-eval-service"),
         ("team-kernels", f"{FULLNAME}-sandbox"),
+        ("team-kernels", f"{FULLNAME}-training-peers"),
         ("team-training", f"{FULLNAME}-eval-service"),
         ("team-training", f"{FULLNAME}-sandbox"),
+        ("team-training", f"{FULLNAME}-training-peers"),
     ]
     egress = policies[("team-kernels", f"{FULLNAME}-sandbox")]["spec"]["egress"]
     assert egress[1] == {

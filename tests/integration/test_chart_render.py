@@ -122,6 +122,7 @@ def test_default_render_is_the_operator_its_rbac_and_the_network_policies_only(
         ("Deployment", f"{FULLNAME}-operator"),
         ("NetworkPolicy", f"{FULLNAME}-eval-service"),
         ("NetworkPolicy", f"{FULLNAME}-sandbox"),
+        ("NetworkPolicy", f"{FULLNAME}-training-peers"),
         ("ServiceAccount", FULLNAME),
     ]
     for doc in docs:
@@ -375,8 +376,7 @@ def test_operator_rbac_is_least_privilege(helm_env: dict[str, str]) -> None:
         ("events.k8s.io", "events"): {"create", "patch"},
         ("", "configmaps"): read,
         ("", "secrets"): {"get", "create"},
-        ("apps", "deployments"): read | {"create", "delete"},
-        ("", "services"): {"get", "list", "create", "delete"},
+        ("jobset.x-k8s.io", "jobsets"): read | {"create", "patch", "delete"},
         ("", "nodes"): {"get", "list"},
         ("kopf.dev", "clusterkopfpeerings"): read | {"patch", "create"},
         ("kopf.dev", "kopfpeerings"): read | {"patch", "create"},

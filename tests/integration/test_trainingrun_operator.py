@@ -1,9 +1,10 @@
-"""The TrainingRun controller against a real kube-apiserver (etcd, no controllers, no nodes): the
-operator runs as `kernelfleet operator` in its own process and the test plays the Job controller
-and the trainer, setting each Job's and Deployment's status and writing the trainer's records
-into a local store. What is checked is what the operator does: stage Jobs created one at a time
-in order, the RL stage's evaluation service and its gating, suspend, status from the store,
-validation naming the field, a spec change refused, and a SIGKILL with nothing duplicated."""
+"""The TrainingRun controller against a real kube-apiserver (etcd, no controllers, no nodes) with
+JobSet's CRD from its module: the operator runs as `kernelfleet operator` in its own process and
+the test plays the JobSet controller and the trainer, setting each JobSet's status and writing
+the trainer's records into a local store. What is checked is what the operator does: stage
+JobSets created one at a time in order, the RL stage's roles and token, suspend, status from the
+store, validation naming the field (the old `gpus` refused at admission), a spec change refused,
+and a SIGKILL with nothing duplicated. The JobSet controller's own part runs in the e2e tier."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from kernelfleet.core.resources import GROUP, VERSION, TrainingStageStatus
 from kernelfleet.core.store import open_store
 from kernelfleet.core.training import TrainingLayout, read_run_record
 from kernelfleet.operator._training_plan import RunRef
+from kernelfleet.operator.devcluster._jobset import install_crds
 from tests._servers._process import wait_for
 from tests.support.operator import OperatorProcess, apply_crds
 
@@ -33,6 +35,7 @@ def store_dir(tmp_path: Path) -> Path:
 @pytest.fixture
 def operator(kube: Any, store_dir: Path, tmp_path: Path) -> Iterator[OperatorProcess]:
     apply_crds(kube)
+    install_crds(kube.api_client)
     process = OperatorProcess(
         kube.kubeconfig,
         kube.namespace,
@@ -78,55 +81,47 @@ def condition(kube: Any, run: RunRef, type_: str) -> dict[str, Any] | None:
     return next((c for c in status(kube, run).get("conditions") or [] if c["type"] == type_), None)
 
 
-def jobs(kube: Any) -> dict[str, Any]:
-    return {job.metadata.name: job for job in kube.batch.list_namespaced_job(kube.namespace).items}
+JOBSET = ("jobset.x-k8s.io", "v1alpha2")
 
 
-def deployments(kube: Any) -> list[str]:
-    from kubernetes import client
-
-    items: list[Any] = client.AppsV1Api(kube.api_client).list_namespaced_deployment(kube.namespace).items
-    return [d.metadata.name for d in items]
+def jobsets(kube: Any) -> dict[str, Any]:
+    listed = kube.custom.list_namespaced_custom_object(*JOBSET, kube.namespace, "jobsets")
+    return {item["metadata"]["name"]: item for item in listed["items"]}
 
 
-def services(kube: Any) -> list[str]:
-    return [s.metadata.name for s in kube.core.list_namespaced_service(kube.namespace).items]
+def set_status(kube: Any, name: str, status: dict[str, Any]) -> None:
+    """What the JobSet controller writes (the test plays it)."""
+    kube.custom.patch_namespaced_custom_object_status(
+        *JOBSET, kube.namespace, "jobsets", name, {"status": {"restarts": 0, **status}}
+    )
 
 
-def finish_job(kube: Any, name: str, outcome: str = "Complete") -> None:
-    """What the Job controller writes when the Job's pod succeeded (or its retries ran out)."""
+def finish(kube: Any, name: str, outcome: str = "Completed") -> None:
     now = "2026-01-01T00:00:00Z"
-
-    def condition(type_: str, reason: str, message: str = "") -> dict[str, str]:
-        return {
-            "type": type_,
-            "status": "True",
-            "reason": reason,
-            "message": message,
-            "lastProbeTime": now,
-            "lastTransitionTime": now,
-        }
-
-    status: dict[str, Any] = {"startTime": now, "active": 0, "ready": 0}
-    if outcome == "Complete":
-        status["completionTime"] = now
-        status["succeeded"] = 1
-        status["conditions"] = [
-            condition("SuccessCriteriaMet", "CompletionsReached"),
-            condition("Complete", "CompletionsReached"),
-        ]
-    else:
-        status["failed"] = 4
-        message = "Job has reached the specified backoff limit"
-        status["conditions"] = [
-            condition("FailureTarget", "BackoffLimitExceeded", message),
-            condition("Failed", "BackoffLimitExceeded", message),
-        ]
-    kube.batch.patch_namespaced_job_status(name, kube.namespace, {"status": status})
+    message = (
+        "jobset completed successfully"
+        if outcome == "Completed"
+        else "jobset failed due to reaching max number of restarts"
+    )
+    reason = "AllJobsCompleted" if outcome == "Completed" else "ReachedMaxRestarts"
+    condition = {
+        "type": outcome,
+        "status": "True",
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": now,
+    }
+    set_status(kube, name, {"terminalState": outcome, "conditions": [condition]})
 
 
-def failed_pod(kube: Any, job: str, output: str) -> None:
-    """A pod of `job` whose container exited 2, with `output` as its termination message."""
+def run_trainer(kube: Any, name: str, restarts: int = 0) -> None:
+    """Every trainer pod runs and is ready."""
+    rjob = {"name": "trainer", "ready": 1, "succeeded": 0, "failed": 0, "active": 1, "suspended": 0}
+    set_status(kube, name, {"restarts": restarts, "replicatedJobsStatus": [rjob]})
+
+
+def failed_pod(kube: Any, jobset: str, output: str) -> None:
+    """A trainer pod of `jobset` whose container exited 2, with `output` as its termination message."""
     from kubernetes.client.exceptions import ApiException
 
     try:
@@ -134,8 +129,9 @@ def failed_pod(kube: Any, job: str, output: str) -> None:
     except ApiException as error:
         if error.status != 409:
             raise
-    pod = {
-        "metadata": {"name": f"{job}-x1", "labels": {"job-name": job}},
+    labels = {"jobset.sigs.k8s.io/jobset-name": jobset, "jobset.sigs.k8s.io/replicatedjob-name": "trainer"}
+    pod: dict[str, Any] = {
+        "metadata": {"name": f"{jobset}-trainer-0-0-x1", "labels": labels},
         "spec": {
             "restartPolicy": "Never",
             "automountServiceAccountToken": False,
@@ -157,46 +153,39 @@ def failed_pod(kube: Any, job: str, output: str) -> None:
             }
         ],
     }
-    kube.core.patch_namespaced_pod_status(f"{job}-x1", kube.namespace, {"status": status})
+    kube.core.patch_namespaced_pod_status(pod["metadata"]["name"], kube.namespace, {"status": status})
 
 
-def run_job(kube: Any, name: str) -> None:
-    """The Job's pod is running and ready."""
-    kube.batch.patch_namespaced_job_status(
-        name, kube.namespace, {"status": {"startTime": "2026-01-01T00:00:00Z", "active": 1, "ready": 1}}
-    )
+def roles(jobset: dict[str, Any]) -> list[str]:
+    return [job["name"] for job in jobset["spec"]["replicatedJobs"]]
 
 
-def evaluator_ready(kube: Any, name: str) -> None:
-    from kubernetes import client
-
-    apps = client.AppsV1Api(kube.api_client)
-    apps.patch_namespaced_deployment_status(
-        name, kube.namespace, {"status": {"replicas": 1, "readyReplicas": 1, "availableReplicas": 1}}
-    )
-
-
-def test_stages_run_in_order_with_the_evaluator_gated_suspended_and_removed(
+def test_stages_run_in_order_each_one_jobset_suspended_and_resumed(
     kube: Any, operator: Any, store_dir: Path
 ) -> None:
-    run = create(kube, manifest("coder"))
-    sft, rl, evaluator = run.job_name("sft"), run.job_name("rl"), run.eval_name("rl")
+    run = create(kube, manifest("coder", generatorGpus=2))
+    sft, rl = run.jobset_name("sft"), run.jobset_name("rl")
 
-    # The first stage only; the spec is recorded where the pods read it, with the service URL.
-    found = wait_for("the sft Job", lambda: jobs(kube).get(sft), timeout=WAIT_S)
-    assert list(jobs(kube)) == [sft] and found.spec.suspend is False
-    command = found.spec.template.spec.containers[0].command
+    # The first stage only; the spec is recorded where the pods read it, with the services' URLs.
+    found = wait_for("the sft JobSet", lambda: jobsets(kube).get(sft), timeout=WAIT_S)
+    assert list(jobsets(kube)) == [sft] and found["spec"]["suspend"] is False
+    assert roles(found) == ["trainer"]
+    command = found["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0][
+        "command"
+    ]
     assert command[:3] == ["kernelfleet", "train", "stage"] and run.prefix in command
     store = open_store(store_dir)
     layout = TrainingLayout(run.prefix)
     name, recorded = read_run_record(store, layout)
     assert name == "coder" and recorded.stages[1].reward is not None
     assert recorded.stages[1].reward.service_url == run.eval_url("rl")
+    assert recorded.stages[1].grpo is not None
+    assert recorded.stages[1].grpo.vllm_server_base_url == run.generator_url("rl")
     accepted = wait_for("Accepted", lambda: condition(kube, run, "Accepted"), timeout=WAIT_S)
     assert accepted["status"] == "True"
 
     # The trainer reports progress to the store; the status shows it.
-    run_job(kube, sft)
+    run_trainer(kube, sft)
     store.put_json(
         layout.status("sft", 1, 3),
         TrainingStageStatus(name="sft", phase="Running", step=3, max_steps=8, metrics={"loss": 1.5}),
@@ -205,8 +194,8 @@ def test_stages_run_in_order_with_the_evaluator_gated_suspended_and_removed(
     def sft_running() -> dict[str, Any] | None:
         current = status(kube, run)
         stages = current.get("stages") or []
-        # Both facts: a reconcile pass that listed the Jobs before run_job and read the store
-        # after put_json reports step 3 of a Pending stage, until its next pass.
+        # Both facts: a reconcile pass that listed the JobSets before run_trainer and read the
+        # store after put_json reports step 3 of a Pending stage, until its next pass.
         running = stages and stages[0].get("step") == 3 and current.get("phase") == "Running"
         return current if running else None
 
@@ -214,73 +203,114 @@ def test_stages_run_in_order_with_the_evaluator_gated_suspended_and_removed(
     assert current["phase"] == "Running" and current["currentStage"] == "sft"
     assert current["stages"][0]["metrics"] == {"loss": 1.5} and current["stages"][1]["phase"] == "Pending"
 
+    # A restart after a failed pod shows in the stage's message.
+    run_trainer(kube, sft, restarts=1)
+    wait_for(
+        "the restart in the status",
+        lambda: "restarted 1 time(s)" in (status(kube, run).get("stages") or [{}])[0].get("message", ""),
+        timeout=WAIT_S,
+    )
+
     # The operator dies mid-run and comes back: nothing is made twice.
     operator.kill()
-    finish_job(kube, sft)
+    finish(kube, sft)
     operator.start()
 
-    # The RL stage: its evaluator first, its Job suspended until the evaluator is ready.
-    wait_for("the rl Job", lambda: jobs(kube).get(rl), timeout=WAIT_S)
-    assert sorted(jobs(kube)) == sorted([sft, rl])
-    assert jobs(kube)[rl].spec.suspend is True
-    assert deployments(kube) == [evaluator] and services(kube) == [evaluator]
+    # The RL stage: one JobSet with the evaluator, the generator and the trainer, and a token.
+    wait_for("the rl JobSet", lambda: jobsets(kube).get(rl), timeout=WAIT_S)
+    assert sorted(jobsets(kube)) == sorted([sft, rl])
+    assert roles(jobsets(kube)[rl]) == ["reward", "generator", "trainer"]
+    assert jobsets(kube)[rl]["spec"]["suspend"] is False
     secret = kube.core.read_namespaced_secret(run.eval_token_name("rl"), kube.namespace)
     assert "token" in secret.data
-    evaluator_ready(kube, evaluator)
-    wait_for("the rl Job released", lambda: jobs(kube)[rl].spec.suspend is False, timeout=WAIT_S)
-    run_job(kube, rl)
+    run_trainer(kube, rl)
 
-    # Suspend frees every GPU: the Job is suspended and the evaluator removed.
+    # Suspend frees every GPU: the JobSet (every role) is suspended.
     kube.custom.patch_namespaced_custom_object(
         GROUP, VERSION, kube.namespace, PLURAL, run.name, {"spec": {"suspend": True}}
     )
-    wait_for("the rl Job suspended", lambda: jobs(kube)[rl].spec.suspend is True, timeout=WAIT_S)
-    wait_for("the evaluator removed", lambda: not deployments(kube) and not services(kube), timeout=WAIT_S)
+    wait_for("the rl JobSet suspended", lambda: jobsets(kube)[rl]["spec"]["suspend"] is True, timeout=WAIT_S)
     wait_for("phase Suspended", lambda: status(kube, run).get("phase") == "Suspended", timeout=WAIT_S)
     assert (condition(kube, run, "Suspended") or {}).get("status") == "True"
 
-    # Resuming brings the evaluator back and holds the Job until it is ready.
+    # Resuming resumes it.
     kube.custom.patch_namespaced_custom_object(
         GROUP, VERSION, kube.namespace, PLURAL, run.name, {"spec": {"suspend": False}}
     )
-    wait_for("the evaluator back", lambda: deployments(kube) == [evaluator], timeout=WAIT_S)
-    assert jobs(kube)[rl].spec.suspend is True
-    evaluator_ready(kube, evaluator)
-    wait_for("the rl Job resumed", lambda: jobs(kube)[rl].spec.suspend is False, timeout=WAIT_S)
+    wait_for("the rl JobSet resumed", lambda: jobsets(kube)[rl]["spec"]["suspend"] is False, timeout=WAIT_S)
 
-    # The last stage completes: the evaluator goes, the run is Complete.
-    finish_job(kube, rl)
+    # The last stage completes: the run is Complete.
+    finish(kube, rl)
     wait_for("phase Succeeded", lambda: status(kube, run).get("phase") == "Succeeded", timeout=WAIT_S)
-    assert not deployments(kube) and not services(kube)
     final = status(kube, run)
     assert final["stagesDone"] == 2 and [s["phase"] for s in final["stages"]] == ["Succeeded", "Succeeded"]
     assert (condition(kube, run, "Complete") or {}).get("status") == "True"
     assert (condition(kube, run, "Running") or {}).get("status") == "False"
-    assert sorted(jobs(kube)) == sorted([sft, rl])
+    assert sorted(jobsets(kube)) == sorted([sft, rl])
 
     # Everything the run made is owned by it, so deleting the run deletes it (the garbage
     # collector, which this control plane does not run, does the deleting: see the e2e test).
-    for job in jobs(kube).values():
-        assert [(o.kind, o.uid) for o in job.metadata.owner_references] == [("TrainingRun", run.uid)]
+    for jobset in jobsets(kube).values():
+        owners = [(o["kind"], o["uid"]) for o in jobset["metadata"]["ownerReferences"]]
+        assert owners == [("TrainingRun", run.uid)]
     token = kube.core.read_namespaced_secret(run.eval_token_name("rl"), kube.namespace)
     assert [(o.kind, o.uid) for o in token.metadata.owner_references] == [("TrainingRun", run.uid)]
 
 
+def test_a_queued_run_waits_for_kueue_and_a_suspended_one_gives_its_jobset_back(
+    kube: Any, operator: Any
+) -> None:
+    run = create(kube, manifest("queued", rewardGpus=0, queueName="team-a"))
+    sft = run.jobset_name("sft")
+    found = wait_for("the sft JobSet", lambda: jobsets(kube).get(sft), timeout=WAIT_S)
+    assert found["spec"]["suspend"] is True
+    assert found["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+
+    def waiting() -> bool:
+        current = status(kube, run)
+        return current.get("phase") == "Pending" and "waiting for Kueue" in str(current.get("conditions"))
+
+    wait_for("the run to say it is queued", waiting, timeout=WAIT_S)
+    # Kueue admits it by resuming it; the operator leaves `suspend` to Kueue.
+    kube.custom.patch_namespaced_custom_object(
+        *JOBSET, kube.namespace, "jobsets", sft, {"spec": {"suspend": False}}
+    )
+    run_trainer(kube, sft)
+    wait_for("phase Running", lambda: status(kube, run).get("phase") == "Running", timeout=WAIT_S)
+    assert jobsets(kube)[sft]["spec"]["suspend"] is False
+    # Suspending a queued run deletes its JobSet (its quota goes back to the queue).
+    kube.custom.patch_namespaced_custom_object(
+        GROUP, VERSION, kube.namespace, PLURAL, run.name, {"spec": {"suspend": True}}
+    )
+    wait_for("the JobSet deleted", lambda: sft not in jobsets(kube), timeout=WAIT_S)
+    wait_for("phase Suspended", lambda: status(kube, run).get("phase") == "Suspended", timeout=WAIT_S)
+
+
+def test_the_old_gpus_field_is_refused_at_admission_naming_the_fix(kube: Any, operator: Any) -> None:
+    from kubernetes.client.exceptions import ApiException
+
+    with pytest.raises(ApiException) as refused:
+        create(kube, manifest("old", gpus=8))
+    assert refused.value.status == 422
+    assert "spec.gpus" in str(refused.value.body) and "gpusPerNode" in str(refused.value.body)
+    assert not jobsets(kube)
+
+
 def test_a_failed_stage_fails_the_run_and_the_next_stage_never_starts(kube: Any, operator: Any) -> None:
     run = create(kube, manifest("fails", rewardGpus=0))
-    sft = run.job_name("sft")
-    wait_for("the sft Job", lambda: jobs(kube).get(sft), timeout=WAIT_S)
+    sft = run.jobset_name("sft")
+    wait_for("the sft JobSet", lambda: jobsets(kube).get(sft), timeout=WAIT_S)
     # The stage's pod failed with a usage error; the kubelet kept the end of its log.
     error = "kernelfleet train: every task of fails is held out; select more tasks or lower heldOut.fraction"
     failed_pod(kube, sft, error)
-    finish_job(kube, sft, "Failed")
+    finish(kube, sft, "Failed")
     wait_for("phase Failed", lambda: status(kube, run).get("phase") == "Failed", timeout=WAIT_S)
     failed = condition(kube, run, "Failed")
     assert failed is not None and failed["status"] == "True"
-    assert "stage 1/2 sft failed: Job has reached the specified backoff limit" in failed["message"]
+    assert "stage 1/2 sft failed: jobset failed due to reaching max number of restarts" in failed["message"]
     assert f"its last output: {error}" in failed["message"]
     assert status(kube, run)["stages"][0]["phase"] == "Failed"
-    assert list(jobs(kube)) == [sft]
+    assert list(jobsets(kube)) == [sft]
 
 
 @pytest.mark.parametrize(
@@ -301,13 +331,13 @@ def test_what_the_schema_cannot_check_is_refused_naming_the_field(
     accepted = wait_for("Accepted", lambda: condition(kube, run, "Accepted"), timeout=WAIT_S)
     assert accepted["status"] == "False" and accepted["reason"] == "InvalidSpec"
     assert field in accepted["message"]
-    assert not jobs(kube)
+    assert not jobsets(kube)
 
 
 def test_a_spec_changed_after_the_start_is_not_applied(kube: Any, operator: Any, store_dir: Path) -> None:
     run = create(kube, manifest("frozen", rewardGpus=0))
-    sft = run.job_name("sft")
-    wait_for("the sft Job", lambda: jobs(kube).get(sft), timeout=WAIT_S)
+    sft = run.jobset_name("sft")
+    wait_for("the sft JobSet", lambda: jobsets(kube).get(sft), timeout=WAIT_S)
     kube.custom.patch_namespaced_custom_object(
         GROUP, VERSION, kube.namespace, PLURAL, run.name, {"spec": {"baseModel": "s3://models/other"}}
     )
@@ -321,11 +351,12 @@ def test_a_spec_changed_after_the_start_is_not_applied(kube: Any, operator: Any,
     assert accepted["status"] == "True" and "create a new TrainingRun" in accepted["message"]
     _, recorded = read_run_record(open_store(store_dir), TrainingLayout(run.prefix))
     assert recorded.base_model == "s3://models/tiny"
-    assert list(jobs(kube)) == [sft]
+    assert list(jobsets(kube)) == [sft]
 
 
 def test_a_store_it_cannot_write_is_reported_in_a_condition(kube: Any, tmp_path: Path) -> None:
     apply_crds(kube)
+    install_crds(kube.api_client)
     not_a_directory = tmp_path / "store-file"
     not_a_directory.write_text("this is a file, not a store")
     process = OperatorProcess(
@@ -336,4 +367,4 @@ def test_a_store_it_cannot_write_is_reported_in_a_condition(kube: Any, tmp_path:
         error = wait_for("ReconcileError", lambda: condition(kube, run, "ReconcileError"), timeout=WAIT_S)
     assert error["status"] == "True"
     assert f"the store {not_a_directory} is a file, not a directory" in error["message"]
-    assert not jobs(kube)
+    assert not jobsets(kube)

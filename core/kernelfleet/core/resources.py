@@ -14,7 +14,7 @@ from __future__ import annotations
 import enum
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 from kernelfleet.core.settings import Budget, EvaluationProfile, EvaluationSettings
@@ -35,6 +35,7 @@ __all__ = [
     "OptimizationJobSpec",
     "OptimizationJobStatus",
     "PeftFields",
+    "PodRequests",
     "PolicyKind",
     "PolicySpec",
     "RewardSpec",
@@ -242,6 +243,15 @@ class GRPOStageConfig(PeftFields):
     num_train_epochs: float = Field(default=1.0, gt=0)
     max_steps: int = Field(default=-1)
     use_vllm: bool = Field(default=True, description="Generate with vLLM when it is installed.")
+    vllm_server_base_url: str = Field(
+        default="",
+        description="trl's server mode: generate with the vLLM server at this URL (`trl vllm-serve`; "
+        "a TrainingRun with generatorGpus sets it to its generator's); empty: colocated vLLM or "
+        "transformers in the trainer.",
+    )
+    vllm_server_timeout: float = Field(
+        default=240.0, gt=0, description="Seconds to wait for the vLLM server to answer at the start."
+    )
     bf16: bool = True
     gradient_checkpointing: bool = True
     logging_steps: float = Field(default=1, gt=0)
@@ -323,8 +333,45 @@ class HeldOutSpec(_Spec):
     max_new_tokens: int = Field(default=4096, ge=16)
 
 
+class PodRequests(_Spec):
+    """CPU and memory one pod of a role asks for (Kubernetes quantities); empty: none asked.
+
+    Kueue admits a stage against its ClusterQueue's quota of every resource the pods request,
+    and a pod that requests nothing takes no quota: set these where the queue covers CPU and
+    memory. The GPUs come from `gpusPerNode`, `generatorGpus` and `rewardGpus`.
+    """
+
+    cpu: str = Field(default="", max_length=32, description="CPU request, e.g. '96' or '500m'.")
+    memory: str = Field(default="", max_length=32, description="Memory request, e.g. '1600Gi'.")
+
+
+_GPUS_REMOVED = (
+    "spec.gpus was replaced by spec.nodes and spec.gpusPerNode: write gpusPerNode: N for N GPUs in "
+    "one pod (and nodes: M for M such pods, one torchrun rank group each)"
+)
+
+
 class TrainingRunSpec(_Spec):
-    """The three-stage training of a policy: SFT on verified code, self-training, contrastive GRPO."""
+    """The three-stage training of a policy: SFT on verified code, self-training, contrastive GRPO.
+
+    Each stage runs as one JobSet: the `trainer` role (`nodes` pods of `gpusPerNode` GPUs, one
+    torchrun rank per GPU), and for an RL stage the `generator` role (a vLLM server in trl's
+    server mode) and the `reward` role (`kernelfleet eval serve`), created, admitted and ended
+    together.
+    """
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!has(self.gpus)",
+                    "message": _GPUS_REMOVED,
+                    "fieldPath": ".gpus",
+                    "reason": "FieldValueForbidden",
+                }
+            ]
+        }
+    )
 
     base_model: str = Field(min_length=1, description="Store URL or path of the starting weights.")
     tasks: list[str] = Field(min_length=1, description="Task selections used for data and rewards.")
@@ -334,7 +381,33 @@ class TrainingRunSpec(_Spec):
         default_factory=EvaluationSettings, description="How rewards and held-out results are evaluated."
     )
     gpu_class: GpuClassName = "h100"
-    gpus: int = Field(default=1, ge=1, le=64)
+    nodes: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="Trainer pods of each stage (one per node); with more than one, torchrun ranks "
+        "meet at the first pod's stable host name (c10d rendezvous). Default 1.",
+    )
+    gpus_per_node: int = Field(
+        default=1, ge=1, le=16, description="GPUs of each trainer pod: one torchrun rank each. Default 1."
+    )
+    gpus: int | None = Field(
+        default=None,
+        description="Removed: use gpusPerNode (and nodes). A spec that sets it is refused.",
+    )
+    trainer_requests: PodRequests = Field(
+        default_factory=PodRequests, description="CPU and memory of each trainer pod."
+    )
+    generator_gpus: int = Field(
+        default=0,
+        ge=0,
+        le=16,
+        description="GPUs of the RL stage's vLLM generation server (trl's server mode, tensor parallel "
+        "over them, on gpuClass); 0: the trainer generates itself. Default 0.",
+    )
+    generator_requests: PodRequests = Field(
+        default_factory=PodRequests, description="CPU and memory of the generation server's pod."
+    )
     reward_gpu_class: str = Field(
         default="", description="Pool of the RL stage's evaluation service; empty: gpuClass."
     )
@@ -342,23 +415,43 @@ class TrainingRunSpec(_Spec):
         default=1,
         ge=0,
         le=64,
-        description="GPUs of the RL stage's evaluation service (kernelfleet eval serve, started by the "
-        "operator for the stage); 0: no service, the rewards are evaluated in the training pod.",
+        description="GPUs of the RL stage's evaluation service (kernelfleet eval serve, the stage's "
+        "`reward` role); 0: no service, the rewards are evaluated in the trainer pod.",
+    )
+    reward_requests: PodRequests = Field(
+        default_factory=PodRequests, description="CPU and memory of the evaluation service's pod."
+    )
+    queue_name: str = Field(
+        default="",
+        max_length=63,
+        description="Kueue LocalQueue: each stage's JobSet carries kueue.x-k8s.io/queue-name, starts "
+        "suspended and is admitted as one workload (every role's pods, or none). Empty: no Kueue.",
     )
     backoff_limit: int = Field(
         default=3,
         ge=0,
         le=100,
-        description="Failed pods a stage survives; each replacement resumes from the newest checkpoint. "
-        "Evicted and preempted pods do not count.",
+        description="Restarts a stage survives: a failed pod restarts the stage's JobSet (every pod), "
+        "which resumes from the newest checkpoint. Default 3.",
     )
     priority_class_name: str = Field(default="", max_length=253, description="PriorityClass of the pods.")
     store: str = Field(default="", description="Store URL; empty means the operator's configured store.")
     suspend: bool = Field(
         default=False,
-        description="Pause: the current stage's pod stops (it resumes from its newest checkpoint) and the "
-        "evaluation service is removed.",
+        description="Pause: the current stage's JobSet stops (every role; it resumes from its newest "
+        "checkpoint), freeing every GPU the run holds.",
     )
+
+    @model_validator(mode="after")
+    def _no_gpus(self) -> TrainingRunSpec:
+        if self.gpus is not None:
+            raise ValueError(_GPUS_REMOVED)
+        return self
+
+    @property
+    def trainer_gpus(self) -> int:
+        """GPUs of the whole trainer role: one rank each."""
+        return self.nodes * self.gpus_per_node
 
 
 class TrainingStageStatus(_Spec):

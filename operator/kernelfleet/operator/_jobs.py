@@ -62,13 +62,13 @@ def label_value(text: str) -> str:
     return f"{cleaned[:54].rstrip('-._')}-{_digest(text)}"
 
 
-def job_name(*parts: str, uid: str) -> str:
+def job_name(*parts: str, uid: str, max_length: int = MAX_JOB_NAME) -> str:
     """A deterministic Job name: the same resource and parts always give the same name, so a
     handler that runs twice finds its Job instead of creating a second one. The uid's first
     characters keep a recreated resource of the same name clear of its predecessor's Jobs."""
     base = _DNS_LABEL.sub("-", "-".join(parts).lower()).strip("-")
     tail = f"-{uid.replace('-', '')[:6]}"
-    room = MAX_JOB_NAME - len(tail)
+    room = max_length - len(tail)
     if len(base) > room:
         base = f"{base[: room - 9].rstrip('-')}-{_digest(base)}"
     return base + tail

@@ -7,7 +7,7 @@ spent). The fold puts both into `TrainingRunStatus`, so `kubectl get kftrain -o 
 "where is my run" without a look at the store or the pods.
 
 Reading the store costs a listing per stage, so only stages that may still change are read:
-a stage whose status is already final (its Job completed or failed, and the status says so)
+a stage whose status is already final (its JobSet completed or failed, and the status says so)
 keeps what the resource holds.
 """
 
@@ -85,10 +85,10 @@ def _stage_status(
         message = plan.message if current else message
     else:
         phase = "Running"
-    if job.failed_pods and phase not in FINAL_PHASES:
+    if job.restarts and phase not in FINAL_PHASES:
         restarts = (
-            f"{job.failed_pods} pod(s) failed or were evicted; each replacement resumed from the "
-            "newest checkpoint"
+            f"restarted {job.restarts} time(s) after a failed or evicted pod; each restart resumed "
+            "from the newest checkpoint"
         )
         message = f"{message}; {restarts}" if message else restarts
     return base.model_copy(

@@ -83,6 +83,12 @@ def register_dev_cluster(subcommands: argparse._SubParsersAction) -> None:
         help="kwok nodes per GPU pool, which complete pods without running them (default: 0)",
     )
     up.add_argument("--no-operator", action="store_true", help="leave out the operator and the pod runner")
+    up.add_argument(
+        "--kueue",
+        action="store_true",
+        help="also run Kueue (built on first use), with a ClusterQueue of 8 GPUs per pool and a LocalQueue "
+        "'kernelfleet' in namespace default (submit with --queue-name kernelfleet)",
+    )
     up.add_argument("--no-build", action="store_true", help="fail instead of building missing servers")
     up.set_defaults(handler=_lazy("kernelfleet.operator.devcluster._commands", "up"))
     down = actions.add_parser("down", help="stop the cluster")

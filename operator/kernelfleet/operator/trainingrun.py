@@ -1,9 +1,9 @@
-"""The TrainingRun controller: its stages in order, each a Job, and the RL stage's evaluator.
+"""The TrainingRun controller: its stages in order, each a JobSet (trainer, generator, reward).
 
 One level-based pass, `reconcile`, runs when a run is created, changed or found at start-up,
-and on a timer. It reads what exists (the stage Jobs, the evaluation service, the trainer's
-records in the store), asks `_training_plan.plan_run` what should exist, makes it so, and folds
-the status (`_training_status`). Every step is idempotent and every name deterministic, so a
+and on a timer. It reads what exists (the stage JobSets, the trainer's records in the store),
+asks `_training_plan.plan_run` what should exist, makes it so, and folds the status
+(`_training_status`). Every step is idempotent and every name deterministic, so a
 pass that runs twice, or an operator killed halfway through one, creates nothing twice.
 
 At the first pass the operator records the spec in the store (`run.json` under the run's
@@ -11,8 +11,8 @@ prefix): the stage pods read it from there, and the run keeps that spec to its e
 edited later is not applied (its stages' checkpoints belong to the old one); the `Accepted`
 condition says so. `suspend` is the exception: it is read from the resource on every pass.
 
-Deleting a TrainingRun deletes what it owns (Jobs, pods, the evaluation service and its token)
-through owner references; the store keeps every checkpoint, dataset, metric and model.
+Deleting a TrainingRun deletes what it owns (JobSets, their Jobs and pods, the evaluation
+service's token) through owner references; the store keeps every checkpoint, dataset, metric and model.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import kopf
@@ -40,31 +40,30 @@ from kernelfleet.core.training import TrainingLayout, read_run_record, run_recor
 from kernelfleet.operator import _conditions as cond
 from kernelfleet.operator._app import Runtime, runtime
 from kernelfleet.operator._jobs import LABEL_OWNER_UID, LABEL_ROLE
-from kernelfleet.operator._kube import ApiError, core_path, custom_path, jobs_path
+from kernelfleet.operator._kube import ApiError, core_path, custom_path
 from kernelfleet.operator._settings import OperatorSettings
 from kernelfleet.operator._status import status_diff
 from kernelfleet.operator._training_plan import (
+    ROLE_TRAINER,
     JobState,
-    JobView,
     Phase,
     Plan,
     RunRef,
-    job_view,
+    jobset_view,
     plan_run,
     resolved_spec,
     reward_gpu_class,
     runs_own_evaluator,
 )
 from kernelfleet.operator._training_pods import (
+    LABEL_JOBSET,
+    LABEL_REPLICATED_JOB,
     LABEL_STAGE,
-    ROLE_EVAL,
     ROLE_STAGE,
-    deployment_ready,
-    eval_deployment,
-    eval_service,
     eval_token,
     owner_of,
-    stage_job,
+    ref_of,
+    stage_jobset,
 )
 from kernelfleet.operator._training_status import fold_stages, read_stage, stages_to_read
 from kernelfleet.operator.optimizationjob import _missing_classes
@@ -79,28 +78,31 @@ class InvalidSpec(Exception):
     """What the CRD schema cannot check: the message names the field and the fix."""
 
 
-@dataclass(frozen=True)
-class Children:
-    jobs: dict[str, dict[str, Any]]
-    deployments: dict[str, dict[str, Any]]
-    services: dict[str, dict[str, Any]]
-
-    def views(self) -> dict[str, JobView]:
-        return {stage: job_view(job) for stage, job in self.jobs.items()}
+JOBSET_GROUP, JOBSET_VERSION, JOBSETS = "jobset.x-k8s.io", "v1alpha2", "jobsets"
 
 
-def _by_stage(items: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+class JobSetMissing(KernelfleetError):
+    """The cluster serves no JobSet API; the `ReconcileError` condition says what to install."""
+
+
+def _jobsets(namespace: str, name: str = "") -> str:
+    return custom_path(JOBSET_GROUP, JOBSET_VERSION, JOBSETS, namespace, name)
+
+
+async def _children(rt: Runtime, namespace: str, uid: str) -> dict[str, dict[str, Any]]:
+    """The run's stage JobSets, by stage."""
+    selector = f"{LABEL_OWNER_UID}={uid},{LABEL_ROLE}={ROLE_STAGE}"
+    try:
+        items = await rt.kube.list_all(_jobsets(namespace), {"labelSelector": selector})
+    except ApiError as error:
+        if error.not_found:
+            raise JobSetMissing(
+                f"the JobSet API ({JOBSET_GROUP}/{JOBSET_VERSION}) is not served by this cluster: each "
+                "TrainingRun stage runs as a JobSet; install the JobSet controller (v0.12 or newer) "
+                "and the run continues"
+            ) from None
+        raise
     return {item["metadata"]["labels"].get(LABEL_STAGE, ""): item for item in items}
-
-
-async def _children(rt: Runtime, namespace: str, uid: str) -> Children:
-    selector = f"{LABEL_OWNER_UID}={uid},{LABEL_ROLE}="
-    jobs = await rt.kube.list_all(jobs_path(namespace), {"labelSelector": selector + ROLE_STAGE})
-    deployments = await rt.kube.list_all(_apps(namespace), {"labelSelector": selector + ROLE_EVAL})
-    services = await rt.kube.list_all(
-        core_path("services", namespace), {"labelSelector": selector + ROLE_EVAL}
-    )
-    return Children(_by_stage(jobs), _by_stage(deployments), _by_stage(services))
 
 
 async def _validate(rt: Runtime, spec: TrainingRunSpec, run: RunRef) -> None:
@@ -177,62 +179,46 @@ async def _ensure(rt: Runtime, path: str, body: Mapping[str, Any]) -> None:
             raise
 
 
-def _apps(namespace: str, name: str = "") -> str:
-    base = f"/apis/apps/v1/namespaces/{namespace}/deployments"
-    return f"{base}/{name}" if name else base
-
-
 async def _act(
     rt: Runtime,
     body: Mapping[str, Any],
     spec: TrainingRunSpec,
     plan: Plan,
-    children: Children,
+    jobsets: Mapping[str, dict[str, Any]],
     prefix: str,
     store_url: str,
 ) -> None:
     owner = owner_of(body)
     namespace = owner.namespace
     stage: TrainingStage | None = plan.stage
-    wanted = stage.name if stage is not None and plan.eval_service else None
-    # Only the current stage's evaluator may exist; the others (an earlier stage's, or this
-    # one's once it ended or the run is suspended) go, so that their GPUs are free.
-    for name, deployment in children.deployments.items():
-        if name != wanted:
-            await rt.kube.delete(_apps(namespace, deployment["metadata"]["name"]))
-    for name, service in children.services.items():
-        if name != wanted:
-            await rt.kube.delete(core_path("services", namespace, service["metadata"]["name"]))
     if stage is None:
         return
-    if wanted is not None:
-        if not (stage.reward is not None and stage.reward.token_secret):
+    jobset = jobsets.get(stage.name)
+    if plan.delete_jobset:
+        if jobset is not None:
+            await rt.kube.delete(_jobsets(namespace, jobset["metadata"]["name"]))
+        return
+    if plan.create_jobset and jobset is None:
+        own_service = runs_own_evaluator(spec, stage, ref_of(owner))
+        if own_service and not (stage.reward is not None and stage.reward.token_secret):
             await _ensure(rt, core_path("secrets", namespace), eval_token(stage, owner))
-        if wanted not in children.services:
-            await _ensure(rt, core_path("services", namespace), eval_service(stage, owner))
-        if wanted not in children.deployments:
-            reward_class = rt.settings.pools[reward_gpu_class(spec)]
-            manifest = eval_deployment(spec, stage, owner, gpu_class=reward_class, settings=rt.settings)
-            await _ensure(rt, _apps(namespace), manifest)
-    job = children.jobs.get(stage.name)
-    if plan.create_job and job is None:
-        manifest = stage_job(
+        manifest = stage_jobset(
             spec,
             stage,
             owner,
             prefix=prefix,
             store_url=store_url,
             gpu_class=rt.settings.pools[spec.gpu_class],
+            reward_class=rt.settings.pools[reward_gpu_class(spec)] if own_service else None,
             settings=rt.settings,
-            suspend=bool(plan.job_suspend),
+            suspend=bool(plan.suspend_jobset),
         )
-        await _ensure(rt, jobs_path(namespace), manifest)
-    elif job is not None and plan.job_suspend is not None:
-        finished = job_view(job).state.value in ("Succeeded", "Failed")
-        if not finished and bool((job.get("spec") or {}).get("suspend")) != plan.job_suspend:
-            await rt.kube.patch(
-                jobs_path(namespace, job["metadata"]["name"]), {"spec": {"suspend": plan.job_suspend}}
-            )
+        await _ensure(rt, _jobsets(namespace), manifest)
+    elif jobset is not None and plan.suspend_jobset is not None:
+        finished = jobset_view(jobset).state in (JobState.SUCCEEDED, JobState.FAILED)
+        if not finished and bool((jobset.get("spec") or {}).get("suspend")) != plan.suspend_jobset:
+            path = _jobsets(namespace, jobset["metadata"]["name"])
+            await rt.kube.patch(path, {"spec": {"suspend": plan.suspend_jobset}})
 
 
 async def reconcile(body: Mapping[str, Any], rt: Runtime, memo: Any) -> dict[str, Any]:
@@ -280,17 +266,16 @@ async def reconcile(body: Mapping[str, Any], rt: Runtime, memo: Any) -> dict[str
             f"{store.url_for(layout.spec)} (only suspend applies); create a new TrainingRun to train "
             "with the new spec",
         )
-    children = await _children(rt, namespace, uid)
-    views = children.views()
+    jobsets = await _children(rt, namespace, uid)
+    views = {stage_name: jobset_view(jobset) for stage_name, jobset in jobsets.items()}
     for stage_name, view in views.items():
         if view.state == JobState.FAILED:
-            output = await _last_output(rt, namespace, children.jobs[stage_name]["metadata"]["name"])
+            output = await _last_output(rt, namespace, jobsets[stage_name]["metadata"]["name"])
             if output:
                 views[stage_name] = replace(view, message=f"{view.message}; its last output: {output}")
-    current = plan_run(recorded, run, views, service_ready=False, suspend=spec.suspend)
-    ready = current.stage is not None and deployment_ready(children.deployments.get(current.stage.name))
-    plan = plan_run(recorded, run, views, service_ready=ready, suspend=spec.suspend)
-    await _act(rt, body, recorded, plan, children, prefix, store_url)
+    # `suspend` is read from the resource on every pass; the queue is the recorded spec's.
+    plan = plan_run(recorded, views, suspend=spec.suspend)
+    await _act(rt, body, recorded, plan, jobsets, prefix, store_url)
 
     previous = _previous_stages(old_status)
     names = stages_to_read(recorded, views, previous)
@@ -322,11 +307,16 @@ async def reconcile(body: Mapping[str, Any], rt: Runtime, memo: Any) -> dict[str
     return status
 
 
-async def _last_output(rt: Runtime, namespace: str, job: str) -> str:
+async def _last_output(rt: Runtime, namespace: str, jobset: str) -> str:
     """The end of the newest failed pod's output (its termination message, which the pod takes
-    from its log on an error): what a user needs to see why a stage failed."""
-    pods = await rt.kube.list_all(core_path("pods", namespace), {"labelSelector": f"job-name={job}"})
-    pods.sort(key=lambda pod: str(pod["metadata"].get("creationTimestamp") or ""))
+    from its log on an error), a trainer's first: what a user needs to see why a stage failed."""
+    pods = await rt.kube.list_all(core_path("pods", namespace), {"labelSelector": f"{LABEL_JOBSET}={jobset}"})
+    pods.sort(
+        key=lambda pod: (
+            pod["metadata"].get("labels", {}).get(LABEL_REPLICATED_JOB) == ROLE_TRAINER,
+            str(pod["metadata"].get("creationTimestamp") or ""),
+        )
+    )
     for pod in reversed(pods):
         for container in (pod.get("status") or {}).get("containerStatuses") or []:
             terminated = (container.get("state") or {}).get("terminated") or {}

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import base64
+import os
+import socket
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -102,3 +104,72 @@ def test_this_machines_interpreter_is_never_taken_for_a_pod_path(tmp_path: Path)
     python = "/scratch/checkout/.venv/bin/python"
     command = local_command(POD, read, tmp_path, base_env={}, python=python)
     assert command.argv[:4] == [python, "-m", "kernelfleet.core.cli", "operator"]
+
+
+def jobset_pod(hostname: str, command: list[str], ports: list[int]) -> dict[str, object]:
+    return {
+        "metadata": {"name": f"{hostname}-x", "namespace": "team"},
+        "spec": {
+            "hostname": hostname,
+            "subdomain": "js",
+            "containers": [
+                {
+                    "name": "trainer",
+                    "command": command,
+                    "ports": [{"containerPort": port} for port in ports],
+                    "env": [{"name": "URL", "value": "http://js-reward-0-0.js:8470/v1"}],
+                }
+            ],
+        },
+    }
+
+
+def test_a_jobsets_stable_host_names_become_loopback_ports_every_pod_agrees_on(tmp_path: Path) -> None:
+    """The leader listens on the port its peers are sent to; a name of no JobSet subdomain, and
+    an address, stay as they are; torchrun runs this Python's torch.distributed.run."""
+    from kernelfleet.operator.devcluster import _hostports
+    from kernelfleet.operator.devcluster._hostports import HostPorts
+
+    hosts = HostPorts(tmp_path / "hosts.json")
+    rendezvous = "--rdzv-endpoint=js-trainer-0-0.js:29500"
+    leader = local_command(
+        jobset_pod("js-trainer-0-0", ["torchrun", rendezvous, "--store", "minio.storage:9000"], [29500]),
+        read,
+        tmp_path / "leader",
+        base_env={},
+        python="/py",
+        hosts=hosts,
+    )
+    follower = local_command(
+        jobset_pod("js-trainer-0-1", ["torchrun", rendezvous], []),
+        read,
+        tmp_path / "follower",
+        base_env={},
+        python="/py",
+        hosts=hosts,
+    )
+    port = leader.ports[29500]
+    assert leader.argv[:3] == ["/py", "-m", "torch.distributed.run"]
+    assert leader.argv[3] == follower.argv[3] == f"--rdzv-endpoint=127.0.0.1:{port}"
+    assert leader.argv[-1] == "minio.storage:9000"
+    reward = hosts.port("js-reward-0-0.js", 8470)
+    assert leader.env["URL"] == f"http://127.0.0.1:{reward}/v1"
+    server = local_command(
+        jobset_pod("js-reward-0-0", ["kernelfleet", "eval", "serve", "--port", "8470"], [8470]),
+        read,
+        tmp_path / "reward",
+        base_env={},
+        python="/py",
+        hosts=hosts,
+    )
+    assert server.argv[-2:] == ["--port", str(reward)]
+    # A Python process of a pod resolves the names the same way (what `sitecustomize` installs).
+    original = socket.getaddrinfo
+    try:
+        os.environ[_hostports.ENV] = str(hosts.path)
+        _hostports.install()
+        (found,) = {info[4] for info in socket.getaddrinfo("js-reward-0-0.js", 8470, type=socket.SOCK_STREAM)}
+        assert found == ("127.0.0.1", reward)
+    finally:
+        socket.getaddrinfo = original
+        os.environ.pop(_hostports.ENV, None)

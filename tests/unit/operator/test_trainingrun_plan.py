@@ -1,25 +1,28 @@
-"""The TrainingRun plan: stages in order, the RL stage's evaluation service, suspend, failure;
-names and the spec recorded for the pods. Pure functions: no cluster, no store."""
+"""The TrainingRun plan: stages in order, one JobSet each, suspend, Kueue, failure; names and the
+spec recorded for the pods. Pure functions: no cluster, no store."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from kernelfleet.core.resources import TrainingRunSpec
 from kernelfleet.operator._training_plan import (
     EVAL_PORT,
+    GENERATOR_PORT,
+    MAX_JOBSET_NAME,
     JobState,
     JobView,
     Phase,
     RunRef,
     eval_service_name,
-    job_view,
+    jobset_view,
     plan_run,
     resolved_spec,
     runs_own_evaluator,
-    stage_job_name,
+    stage_jobset_name,
 )
 
 UID = "0b8c6a5e-3f0e-4a43-9c55-8f1e2a7d9b11"
@@ -47,60 +50,70 @@ DONE = JobView(JobState.SUCCEEDED)
 RUNNING = JobView(JobState.ACTIVE, running=True)
 
 
-def test_a_new_run_creates_the_first_stage_job_only() -> None:
-    plan = plan_run(spec(), RUN, {}, service_ready=False)
+def test_a_new_run_creates_the_first_stage_jobset_only() -> None:
+    plan = plan_run(spec(), {})
     assert plan.phase == Phase.PENDING
     assert plan.stage is not None and plan.stage.name == "sft"
-    assert plan.create_job and plan.job_suspend is False
-    assert not plan.eval_service
+    assert plan.create_jobset and plan.suspend_jobset is False and not plan.delete_jobset
 
 
-def test_stages_run_in_order_each_after_the_previous_job_completed() -> None:
-    plan = plan_run(spec(), RUN, {"sft": DONE}, service_ready=False)
-    assert plan.stage is not None and plan.stage.name == "selftrain" and plan.create_job
-    plan = plan_run(spec(), RUN, {"sft": DONE, "selftrain": RUNNING}, service_ready=False)
-    assert plan.phase == Phase.RUNNING and not plan.create_job
+def test_stages_run_in_order_each_after_the_previous_jobset_completed() -> None:
+    plan = plan_run(spec(), {"sft": DONE})
+    assert plan.stage is not None and plan.stage.name == "selftrain" and plan.create_jobset
+    plan = plan_run(spec(), {"sft": DONE, "selftrain": RUNNING})
+    assert plan.phase == Phase.RUNNING and not plan.create_jobset
     assert "stage 2/3 selftrain" in plan.message
 
 
-def test_the_rl_stage_job_waits_suspended_for_its_evaluation_service() -> None:
-    jobs = {"sft": DONE, "selftrain": DONE}
-    plan = plan_run(spec(), RUN, jobs, service_ready=False)
-    assert plan.stage is not None and plan.stage.name == "grpo"
-    assert plan.eval_service and plan.create_job and plan.job_suspend is True
-    assert "evaluation service" in plan.message
-    waiting = {**jobs, "grpo": JobView(JobState.SUSPENDED)}
-    assert plan_run(spec(), RUN, waiting, service_ready=False).job_suspend is True
-    released = plan_run(spec(), RUN, waiting, service_ready=True)
-    assert released.job_suspend is False and released.eval_service
+def test_a_stage_whose_pods_wait_is_pending() -> None:
+    plan = plan_run(spec(), {"sft": JobView(JobState.ACTIVE)})
+    assert plan.phase == Phase.PENDING and "waiting for its pods" in plan.message
 
 
-def test_a_running_rl_job_is_never_suspended_because_its_evaluator_restarts() -> None:
-    jobs = {"sft": DONE, "selftrain": DONE, "grpo": RUNNING}
-    plan = plan_run(spec(), RUN, jobs, service_ready=False)
-    assert plan.phase == Phase.RUNNING and plan.job_suspend is False and plan.eval_service
-
-
-def test_the_evaluation_service_goes_once_the_rl_stage_is_finished() -> None:
-    plan = plan_run(spec(), RUN, {"sft": DONE, "selftrain": DONE, "grpo": DONE}, service_ready=True)
+def test_the_run_succeeds_once_the_last_jobset_completed() -> None:
+    plan = plan_run(spec(), {"sft": DONE, "selftrain": DONE, "grpo": DONE})
     assert plan.phase == Phase.SUCCEEDED and plan.stage is None
-    assert not plan.eval_service and not plan.create_job and plan.job_suspend is None
+    assert not plan.create_jobset and plan.suspend_jobset is None
 
 
-def test_a_failed_stage_fails_the_run_and_removes_its_service() -> None:
-    failed = JobView(JobState.FAILED, "Job has reached the specified backoff limit")
-    plan = plan_run(spec(), RUN, {"sft": DONE, "selftrain": DONE, "grpo": failed}, service_ready=True)
-    assert plan.phase == Phase.FAILED and not plan.eval_service and not plan.create_job
-    assert plan.message == "stage 3/3 grpo failed: Job has reached the specified backoff limit"
+def test_a_failed_stage_fails_the_run() -> None:
+    failed = JobView(JobState.FAILED, "jobset failed due to reaching max number of restarts")
+    plan = plan_run(spec(), {"sft": DONE, "selftrain": DONE, "grpo": failed})
+    assert plan.phase == Phase.FAILED and not plan.create_jobset
+    assert plan.message == "stage 3/3 grpo failed: jobset failed due to reaching max number of restarts"
 
 
-def test_suspend_suspends_the_current_job_and_frees_the_reward_gpus() -> None:
+def test_suspend_suspends_the_current_jobset() -> None:
     jobs = {"sft": DONE, "selftrain": DONE, "grpo": RUNNING}
-    plan = plan_run(spec(suspend=True), RUN, jobs, service_ready=True)
-    assert plan.phase == Phase.SUSPENDED and plan.job_suspend is True and not plan.eval_service
+    plan = plan_run(spec(suspend=True), jobs)
+    assert plan.phase == Phase.SUSPENDED and plan.suspend_jobset is True and not plan.delete_jobset
     assert "newest checkpoint" in plan.message
-    fresh = plan_run(spec(suspend=True), RUN, {}, service_ready=False)
-    assert fresh.create_job and fresh.job_suspend is True
+    fresh = plan_run(spec(suspend=True), {})
+    assert fresh.create_jobset and fresh.suspend_jobset is True
+
+
+def test_a_queued_stage_is_created_suspended_and_left_to_kueue() -> None:
+    queued = spec(queueName="team-a")
+    plan = plan_run(queued, {})
+    assert plan.create_jobset and plan.suspend_jobset is True and "queued in team-a" in plan.message
+    waiting = plan_run(queued, {"sft": JobView(JobState.SUSPENDED)})
+    assert waiting.phase == Phase.PENDING and waiting.suspend_jobset is None
+    assert "waiting for Kueue to admit it" in waiting.message
+    admitted = plan_run(queued, {"sft": RUNNING})
+    assert admitted.phase == Phase.RUNNING and admitted.suspend_jobset is None
+
+
+def test_a_suspended_queued_run_deletes_its_jobset_to_free_the_quota() -> None:
+    plan = plan_run(spec(queueName="team-a", suspend=True), {"sft": RUNNING})
+    assert plan.phase == Phase.SUSPENDED and plan.delete_jobset and not plan.create_jobset
+    gone = plan_run(spec(queueName="team-a", suspend=True), {})
+    assert gone.phase == Phase.SUSPENDED and not gone.delete_jobset and not gone.create_jobset
+
+
+def test_the_old_gpus_field_is_refused_naming_the_fix() -> None:
+    with pytest.raises(ValidationError, match=r"spec\.gpus was replaced by spec\.nodes and spec\.gpusPer"):
+        spec(gpus=8)
+    assert spec(nodes=2, gpusPerNode=8).trainer_gpus == 16
 
 
 @pytest.mark.parametrize(
@@ -117,18 +130,25 @@ def test_who_evaluates_the_rewards(extra: dict[str, Any], reward: dict[str, Any]
         stage["reward"] = reward
     run = spec(stages=[stage], **extra)
     assert runs_own_evaluator(run, run.stages[0], RUN) is own
-    assert plan_run(run, RUN, {}, service_ready=False).eval_service is own
 
 
-def test_the_recorded_spec_names_the_service_and_never_suspend() -> None:
-    run = spec(suspend=True, stages=[{"name": "sft", "type": "sft"}, {"name": "rl", "type": "grpo"}])
+def test_the_recorded_spec_names_the_services_and_never_suspend() -> None:
+    run = spec(
+        suspend=True,
+        generatorGpus=4,
+        stages=[{"name": "sft", "type": "sft"}, {"name": "rl", "type": "grpo"}],
+    )
     recorded = resolved_spec(run, RUN)
     assert recorded.suspend is False
     assert recorded.stages[0] == run.stages[0]
     reward = recorded.stages[1].reward
     assert reward is not None
-    assert reward.service_url == RUN.eval_url("rl")
-    assert reward.service_url.endswith(f".team-a.svc:{EVAL_PORT}")
+    jobset = RUN.jobset_name("rl")
+    # The stable host names of the JobSet's reward and generator pods (its headless Service).
+    assert reward.service_url == RUN.eval_url("rl") == f"http://{jobset}-reward-0-0.{jobset}:{EVAL_PORT}"
+    grpo = recorded.stages[1].grpo
+    assert grpo is not None and grpo.use_vllm
+    assert grpo.vllm_server_base_url == f"http://{jobset}-generator-0-0.{jobset}:{GENERATOR_PORT}"
     assert reward.clip == 1.5  # the other reward settings keep their defaults
     # Recording is deterministic (the operator compares it with the store's copy), and the run's
     # own service is still recognised as its own in the recorded spec.
@@ -139,33 +159,52 @@ def test_the_recorded_spec_names_the_service_and_never_suspend() -> None:
 
 def test_names_are_deterministic_short_dns_labels_that_differ_per_uid() -> None:
     long_run, long_stage = "a-very-long-training-run-name-" * 4, "self-training-with-many-rounds-x"
-    for name in (stage_job_name(long_run, UID, long_stage), eval_service_name(long_run, UID, long_stage)):
-        assert len(name) <= 63 and name == name.lower()
-        assert name[0].isalpha() and name[-1].isalnum()
-    assert stage_job_name("r", UID, "sft") == stage_job_name("r", UID, "sft")
-    assert stage_job_name("r", UID, "sft") != stage_job_name("r", "another-uid", "sft")
-    assert eval_service_name("9lives", UID, "rl").startswith("eval-")
+    name = stage_jobset_name(long_run, UID, long_stage)
+    assert len(name) <= MAX_JOBSET_NAME and name == name.lower()
+    assert name[0].isalpha() and name[-1].isalnum()
+    # The longest pod host name of its JobSet stays a DNS label.
+    assert len(f"{name}-generator-0-0") <= 63
+    token = eval_service_name(long_run, UID, long_stage) + "-token"
+    assert len(token) <= 63
+    assert stage_jobset_name("r", UID, "sft") == stage_jobset_name("r", UID, "sft")
+    assert stage_jobset_name("r", UID, "sft") != stage_jobset_name("r", "another-uid", "sft")
     assert RunRef("ns", "r", UID).prefix == f"trainingruns/ns/r/{UID}"
 
 
-def test_job_view_reads_the_job_controllers_status() -> None:
-    assert job_view(None).state == JobState.MISSING
-    assert job_view({"spec": {"suspend": True}, "status": {}}).state == JobState.SUSPENDED
-    pending = job_view({"spec": {}, "status": {"active": 1, "ready": 0}})
+def test_jobset_view_reads_the_jobset_controllers_status() -> None:
+    assert jobset_view(None).state == JobState.MISSING
+    assert jobset_view({"spec": {"suspend": True}, "status": {}}).state == JobState.SUSPENDED
+    two_nodes = {"replicatedJobs": [{"name": "reward", "replicas": 1}, {"name": "trainer", "replicas": 1}]}
+    pending = jobset_view(
+        {"spec": two_nodes, "status": {"replicatedJobsStatus": [{"name": "reward", "ready": 1}]}}
+    )
     assert pending.state == JobState.ACTIVE and not pending.running
-    evicted = job_view({"spec": {}, "status": {"active": 1, "ready": 1, "failed": 2}})
-    assert evicted.running and evicted.failed_pods == 2
-    complete = {"status": {"conditions": [{"type": "Complete", "status": "True"}], "succeeded": 1}}
-    assert job_view(complete).state == JobState.SUCCEEDED
+    restarted = jobset_view(
+        {
+            "spec": two_nodes,
+            "status": {"restarts": 2, "replicatedJobsStatus": [{"name": "trainer", "ready": 1, "active": 1}]},
+        }
+    )
+    assert restarted.running and restarted.restarts == 2
+    complete = {"status": {"conditions": [{"type": "Completed", "status": "True"}]}}
+    assert jobset_view(complete).state == JobState.SUCCEEDED
     failed = {
         "spec": {"suspend": False},
         "status": {
+            "restarts": 3,
             "conditions": [
-                {"type": "Failed", "status": "True", "reason": "PodFailurePolicy", "message": "exit code 2"}
-            ]
+                {
+                    "type": "Failed",
+                    "status": "True",
+                    "reason": "ReachedMaxRestarts",
+                    "message": "jobset failed due to reaching max number of restarts",
+                }
+            ],
         },
     }
-    assert job_view(failed) == JobView(JobState.FAILED, "exit code 2")
+    assert jobset_view(failed) == JobView(
+        JobState.FAILED, "jobset failed due to reaching max number of restarts", restarts=3
+    )
 
 
 def test_the_reward_class_is_fixed_in_the_record_from_the_spec_the_operator_or_the_run() -> None:

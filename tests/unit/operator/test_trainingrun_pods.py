@@ -1,5 +1,6 @@
-"""The objects a TrainingRun owns, as the API receives them: the stage Job (one locked-down pod on
-the run's pool, resumable), and the RL stage's evaluation Deployment, Service and token."""
+"""The objects a TrainingRun owns, as the API receives them: the stage JobSet (trainer ranks on
+the run's pool, resumable; for the RL stage a vLLM generator and the evaluation service) and the
+service's token."""
 
 from __future__ import annotations
 
@@ -9,18 +10,21 @@ from kernelfleet.core.resources import TrainingRunSpec
 from kernelfleet.operator._jobs import Owner
 from kernelfleet.operator._pools import default_pools
 from kernelfleet.operator._settings import OperatorSettings
-from kernelfleet.operator._training_plan import EVAL_PORT, RunRef, resolved_spec
+from kernelfleet.operator._training_plan import (
+    EVAL_PORT,
+    GENERATOR_PORT,
+    RENDEZVOUS_PORT,
+    RunRef,
+    resolved_spec,
+)
 from kernelfleet.operator._training_pods import (
     EXIT_USAGE,
     TOKEN_ENV,
-    deployment_ready,
     eval_command,
-    eval_deployment,
-    eval_service,
     eval_token,
     served_settings,
     stage_command,
-    stage_job,
+    stage_jobset,
     token_secret,
 )
 
@@ -43,7 +47,6 @@ def spec(**extra: Any) -> TrainingRunSpec:
         "tasks": ["kernelbench-v0:1"],
         "stages": [{"name": "sft", "type": "sft"}, {"name": "rl", "type": "grpo"}],
         "gpuClass": "h100",
-        "gpus": 1,
         "rewardGpuClass": "l40",
         "rewardGpus": 2,
         **extra,
@@ -55,41 +58,79 @@ def env_of(container: dict[str, Any]) -> dict[str, Any]:
     return {item["name"]: item.get("value", item.get("valueFrom")) for item in container["env"]}
 
 
-def test_a_stage_job_is_one_locked_down_resumable_pod_on_the_runs_pool() -> None:
-    run = spec(gpus=1, backoffLimit=5, priorityClassName="training")
-    job = stage_job(
+REF = RunRef(OWNER.namespace, OWNER.name, OWNER.uid)
+
+
+def jobset_of(run: TrainingRunSpec, stage: int, *, suspend: bool = False) -> dict[str, Any]:
+    return stage_jobset(
         run,
-        run.stages[0],
+        run.stages[stage],
         OWNER,
         prefix=PREFIX,
         store_url="s3://kf/root",
         gpu_class=POOLS["h100"],
+        reward_class=POOLS["l40"],
         settings=SETTINGS,
-        suspend=False,
+        suspend=suspend,
     )
-    meta, job_spec = job["metadata"], job["spec"]
+
+
+def roles(jobset: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {job["name"]: job for job in jobset["spec"]["replicatedJobs"]}
+
+
+def pod_of(job: dict[str, Any]) -> dict[str, Any]:
+    pod: dict[str, Any] = job["template"]["spec"]["template"]["spec"]
+    return pod
+
+
+def test_an_sft_stage_is_one_jobset_of_locked_down_resumable_trainer_pods() -> None:
+    run = spec(backoffLimit=5, priorityClassName="training")
+    jobset = jobset_of(run, 0)
+    meta, jobset_spec = jobset["metadata"], jobset["spec"]
+    assert jobset["apiVersion"] == "jobset.x-k8s.io/v1alpha2" and jobset["kind"] == "JobSet"
+    assert meta["name"] == REF.jobset_name("sft")
     assert (
         meta["ownerReferences"][0]["uid"] == OWNER.uid and meta["ownerReferences"][0]["kind"] == "TrainingRun"
     )
     assert meta["labels"]["kernelfleet.io/trainingrun"] == "coder"
     assert meta["labels"]["kernelfleet.io/stage"] == "sft"
-    assert (job_spec["completions"], job_spec["parallelism"], job_spec["backoffLimit"]) == (1, 1, 5)
-    assert job_spec["suspend"] is False
+    assert "kueue.x-k8s.io/queue-name" not in meta["labels"]
+    assert jobset_spec["suspend"] is False
+    assert jobset_spec["network"]["enableDNSHostnames"] is True
+    assert jobset_spec["successPolicy"] == {"operator": "All", "targetReplicatedJobs": ["trainer"]}
+    # A usage error fails the stage at once; a disruption restarts it without counting; any other
+    # failed pod restarts it (every pod), up to backoffLimit times.
+    policy = jobset_spec["failurePolicy"]
+    assert policy["maxRestarts"] == 5
+    usage, disrupted = policy["rules"]
+    assert (
+        usage["action"] == "FailJobSet"
+        and f"exit code {EXIT_USAGE} matching" in usage["onJobFailureMessagePatterns"][0]
+    )
+    assert disrupted["action"] == "RestartJobSetAndIgnoreMaxRestarts"
+    assert "DisruptionTarget" in disrupted["onJobFailureMessagePatterns"][0]
+    (trainer_job,) = jobset_spec["replicatedJobs"]
+    assert (
+        trainer_job["name"] == "trainer" and trainer_job["replicas"] == 1 and "dependsOn" not in trainer_job
+    )
+    job_spec = trainer_job["template"]["spec"]
+    assert (job_spec["completions"], job_spec["parallelism"], job_spec["backoffLimit"]) == (1, 1, 0)
+    assert job_spec["completionMode"] == "Indexed"
     rules = job_spec["podFailurePolicy"]["rules"]
     assert rules[0]["action"] == "FailJob" and rules[0]["onExitCodes"]["values"] == [EXIT_USAGE]
     assert rules[1] == {
-        "action": "Ignore",
+        "action": "FailJob",
         "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
     }
-    pod = job_spec["template"]["spec"]
-    assert job_spec["template"]["metadata"]["labels"] == meta["labels"]
+    pod = pod_of(trainer_job)
     assert pod["restartPolicy"] == "Never" and pod["automountServiceAccountToken"] is False
     assert pod["priorityClassName"] == "training"
     terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     assert "NVIDIA-H100-80GB-HBM3" in terms["nodeSelectorTerms"][0]["matchExpressions"][0]["values"]
     (trainer,) = pod["containers"]
     assert trainer["image"] == "registry.example/trainer:1"
-    assert trainer["resources"]["limits"] == {"nvidia.com/gpu": "1"}
+    assert trainer["resources"] == {"limits": {"nvidia.com/gpu": "1"}}
     assert trainer["securityContext"]["readOnlyRootFilesystem"] is True
     assert trainer["command"] == [
         "kernelfleet",
@@ -110,65 +151,95 @@ def test_a_stage_job_is_one_locked_down_resumable_pod_on_the_runs_pool() -> None
     assert TOKEN_ENV not in env  # an sft stage talks to no evaluation service
 
 
-def test_several_gpus_start_one_process_per_gpu_with_torchrun() -> None:
-    run = spec(gpus=8)
-    command = stage_command(run, run.stages[0], PREFIX, "s3://kf")
+def test_several_gpus_on_one_node_start_one_process_per_gpu_with_torchrun() -> None:
+    run = spec(gpusPerNode=8)
+    command = stage_command(run, run.stages[0], PREFIX, "s3://kf", REF)
     assert command[:4] == ["torchrun", "--standalone", "--nproc-per-node=8", "-m"]
     assert command[4:8] == ["kernelfleet.core.cli", "train", "stage", "--stage"]
 
 
-def test_the_rl_stage_talks_to_its_evaluation_service_with_the_token_from_a_secret() -> None:
-    ref = RunRef(OWNER.namespace, OWNER.name, OWNER.uid)
-    run = resolved_spec(spec(), ref)
+def test_several_nodes_meet_at_the_first_trainer_pods_stable_host_name() -> None:
+    run = spec(nodes=2, gpusPerNode=8, trainerRequests={"cpu": "96", "memory": "1600Gi"})
+    jobset = jobset_of(run, 0)
+    job = roles(jobset)["trainer"]
+    assert (job["template"]["spec"]["completions"], job["template"]["spec"]["parallelism"]) == (2, 2)
+    (trainer,) = pod_of(job)["containers"]
+    name = jobset["metadata"]["name"]
+    assert trainer["command"][:6] == [
+        "torchrun",
+        "--nnodes=2",
+        "--nproc-per-node=8",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={name}-trainer-0-0.{name}:{RENDEZVOUS_PORT}",
+        f"--rdzv-id={name}",
+    ]
+    assert trainer["ports"] == [{"name": "rendezvous", "containerPort": RENDEZVOUS_PORT, "protocol": "TCP"}]
+    assert trainer["resources"] == {
+        "limits": {"nvidia.com/gpu": "8"},
+        "requests": {"cpu": "96", "memory": "1600Gi"},
+    }
+
+
+def test_the_rl_stage_has_a_generator_and_a_reward_role_that_the_trainer_waits_for() -> None:
+    run = resolved_spec(spec(generatorGpus=4, rewardRequests={"cpu": "16"}), REF)
     rl = run.stages[1]
     secret = token_secret(run, rl, OWNER)
-    job = stage_job(
-        run,
-        rl,
-        OWNER,
-        prefix=PREFIX,
-        store_url="s3://kf",
-        gpu_class=POOLS["h100"],
-        settings=SETTINGS,
-        suspend=True,
-    )
-    assert job["spec"]["suspend"] is True
-    env = env_of(job["spec"]["template"]["spec"]["containers"][0])
+    jobset = jobset_of(run, 1, suspend=True)
+    assert jobset["spec"]["suspend"] is True
+    assert list(roles(jobset)) == ["reward", "generator", "trainer"]
+    trainer_job = roles(jobset)["trainer"]
+    assert trainer_job["dependsOn"] == [{"name": "generator", "status": "Ready"}]
+    env = env_of(pod_of(trainer_job)["containers"][0])
     assert env[TOKEN_ENV] == {"secretKeyRef": {"name": secret, "key": "token"}}
 
     token = eval_token(rl, OWNER)
     assert token["metadata"]["name"] == secret and len(token["stringData"]["token"]) >= 32
     assert token["metadata"]["ownerReferences"][0]["uid"] == OWNER.uid
 
-    deployment = eval_deployment(run, rl, OWNER, gpu_class=POOLS["l40"], settings=SETTINGS)
-    name = ref.eval_name("rl")
-    assert deployment["metadata"]["name"] == name
-    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
-    template = deployment["spec"]["template"]
-    selector = deployment["spec"]["selector"]["matchLabels"]
-    assert selector.items() <= template["metadata"]["labels"].items()
-    pod = template["spec"]
-    assert pod["restartPolicy"] == "Always" and pod["automountServiceAccountToken"] is False
-    assert "NVIDIA-L40" in str(pod["affinity"])
-    (evaluator,) = pod["containers"]
+    generator = pod_of(roles(jobset)["generator"])
+    assert "NVIDIA-H100-80GB-HBM3" in str(generator["affinity"])
+    (server,) = generator["containers"]
+    assert server["resources"]["limits"] == {"nvidia.com/gpu": "4"}
+    assert server["command"][:3] == ["kernelfleet", "train", "generator"]
+    assert server["command"][server.get("command").index("--tensor-parallel-size") + 1] == "4"
+    assert server["ports"][0]["containerPort"] == GENERATOR_PORT
+    assert server["readinessProbe"]["httpGet"] == {"path": "/health", "port": GENERATOR_PORT}
+
+    # The evaluation service restarts in place (the trainer's reward requests wait and retry);
+    # only its Job's restarts spent restart the whole stage.
+    reward_job = roles(jobset)["reward"]["template"]["spec"]
+    assert reward_job["backoffLimit"] == 3 and "podFailurePolicy" not in reward_job
+    reward = pod_of(roles(jobset)["reward"])
+    assert reward["restartPolicy"] == "OnFailure" and reward["automountServiceAccountToken"] is False
+    assert "NVIDIA-L40" in str(reward["affinity"])
+    (evaluator,) = reward["containers"]
     assert evaluator["image"] == "registry.example/worker:1"
-    assert evaluator["resources"]["limits"] == {"nvidia.com/gpu": "2"}
+    assert evaluator["resources"] == {"limits": {"nvidia.com/gpu": "2"}, "requests": {"cpu": "16"}}
     command = evaluator["command"]
     assert command[:3] == ["kernelfleet", "eval", "serve"]
     assert command[command.index("--port") + 1] == str(EVAL_PORT)
     assert command[command.index("--host") + 1] == "0.0.0.0"
     token_file = command[command.index("--token-file") + 1]
     mount = next(m for m in evaluator["volumeMounts"] if token_file.startswith(m["mountPath"]))
-    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    volume = next(v for v in reward["volumes"] if v["name"] == mount["name"])
     assert volume["secret"]["secretName"] == secret
     assert command[command.index("--correctness-profile") + 1] == "strict"
     assert evaluator["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": EVAL_PORT}
+    name = jobset["metadata"]["name"]
+    assert rl.reward is not None and rl.reward.service_url == f"http://{name}-reward-0-0.{name}:{EVAL_PORT}"
 
-    service = eval_service(rl, OWNER)
-    assert service["metadata"]["name"] == name
-    assert service["spec"]["selector"] == selector
-    assert service["spec"]["ports"][0]["port"] == EVAL_PORT
-    assert rl.reward is not None and rl.reward.service_url == f"http://{name}.team-a.svc:{EVAL_PORT}"
+
+def test_without_a_generator_the_trainer_waits_for_the_evaluation_service() -> None:
+    run = resolved_spec(spec(), REF)
+    jobset = jobset_of(run, 1)
+    assert list(roles(jobset)) == ["reward", "trainer"]
+    assert roles(jobset)["trainer"]["dependsOn"] == [{"name": "reward", "status": "Ready"}]
+
+
+def test_a_queued_stage_carries_the_queue_label_and_starts_suspended() -> None:
+    jobset = jobset_of(spec(queueName="team-a-gpus"), 0)
+    assert jobset["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a-gpus"
+    assert jobset["spec"]["suspend"] is True
 
 
 def test_the_evaluation_service_gets_every_evaluation_setting_of_the_spec() -> None:
@@ -186,10 +257,8 @@ def test_the_evaluation_service_gets_every_evaluation_setting_of_the_spec() -> N
         "timing": {"referenceProcesses": 4},
         "limits": {"timeoutSeconds": 120, "memory": "8G"},
     }
-    run = resolved_spec(spec(evaluation=evaluation), RunRef(OWNER.namespace, OWNER.name, OWNER.uid))
-    command = eval_deployment(run, run.stages[1], OWNER, gpu_class=POOLS["l40"], settings=SETTINGS)["spec"][
-        "template"
-    ]["spec"]["containers"][0]["command"]
+    run = resolved_spec(spec(evaluation=evaluation), REF)
+    command = pod_of(roles(jobset_of(run, 1))["reward"])["containers"][0]["command"]
     parser = argparse.ArgumentParser(prog="kernelfleet")
     eval_cli.register(parser.add_subparsers())
     args = parser.parse_args(command[1:])
@@ -206,7 +275,7 @@ def test_the_evaluation_service_gets_every_evaluation_setting_of_the_spec() -> N
 def test_a_spec_without_a_reference_pool_turns_the_services_pool_off() -> None:
     """`kernelfleet eval serve` pools references by default; a TrainingRun whose spec sets no pool
     gets `--reference-processes 0`, so that its cluster rewards match a local run's."""
-    run = resolved_spec(spec(), RunRef(OWNER.namespace, OWNER.name, OWNER.uid))
+    run = resolved_spec(spec(), REF)
     command = eval_command(run)
     assert command[command.index("--timing-reference-processes") + 1] == "0"
     assert command[command.index("--timing-processes-max") + 1] == str(run.evaluation.timing.processes)
@@ -216,9 +285,3 @@ def test_a_token_secret_named_in_the_spec_is_used_as_is() -> None:
     run = spec(stages=[{"name": "rl", "type": "grpo", "reward": {"tokenSecret": "my-eval-token"}}])
     assert token_secret(run, run.stages[0], OWNER) == "my-eval-token"
     assert token_secret(spec(), spec().stages[0], OWNER) == ""
-
-
-def test_a_deployment_is_ready_once_a_replica_is() -> None:
-    assert not deployment_ready(None)
-    assert not deployment_ready({"status": {"replicas": 1}})
-    assert deployment_ready({"status": {"replicas": 1, "readyReplicas": 1}})

@@ -1,5 +1,5 @@
 """Folding a TrainingRun's status: the trainer's records in the store (a real local store) and
-the stage Jobs' state give each stage's phase, step, checkpoint and metrics."""
+the stage JobSets' state give each stage's phase, step, checkpoint and metrics."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 from kernelfleet.core.resources import TrainingRunSpec, TrainingStageStatus
 from kernelfleet.core.store import open_store
 from kernelfleet.core.training import TrainingLayout
-from kernelfleet.operator._training_plan import JobState, JobView, RunRef, plan_run
+from kernelfleet.operator._training_plan import JobState, JobView, plan_run
 from kernelfleet.operator._training_status import fold_stages, read_stage, stages_to_read
 
 SPEC = TrainingRunSpec.model_validate(
@@ -19,7 +19,6 @@ SPEC = TrainingRunSpec.model_validate(
         "rewardGpus": 0,
     }
 )
-RUN = RunRef("ns", "run", "uid")
 DONE = JobView(JobState.SUCCEEDED)
 RUNNING = JobView(JobState.ACTIVE, running=True)
 
@@ -48,7 +47,7 @@ def test_a_running_stage_shows_the_trainers_step_metrics_and_newest_checkpoint(t
     jobs = {"sft": RUNNING}
     assert stages_to_read(SPEC, jobs, []) == ["sft"]
     records = {"sft": read_stage(store, layout, "sft")}
-    folded = fold_stages(SPEC, plan_run(SPEC, RUN, jobs, service_ready=False), jobs, records, [])
+    folded = fold_stages(SPEC, plan_run(SPEC, jobs), jobs, records, [])
     sft, rl = folded.stages
     assert (sft.name, sft.type, sft.phase, sft.step, sft.max_steps) == ("sft", "sft", "Running", 4, 8)
     assert sft.metrics == {"loss": 1.25}
@@ -61,11 +60,14 @@ def test_an_evicted_pods_replacement_shows_as_pending_with_the_restart_count(tmp
     store = open_store(tmp_path / "store")
     layout = TrainingLayout("p")
     write_status(store, layout, "sft", 3, phase="Running", max_steps=8)
-    jobs = {"sft": JobView(JobState.ACTIVE, running=False, failed_pods=1)}
+    jobs = {"sft": JobView(JobState.ACTIVE, running=False, restarts=1)}
     records = {"sft": read_stage(store, layout, "sft")}
-    sft = fold_stages(SPEC, plan_run(SPEC, RUN, jobs, service_ready=False), jobs, records, []).stages[0]
+    sft = fold_stages(SPEC, plan_run(SPEC, jobs), jobs, records, []).stages[0]
     assert sft.phase == "Pending" and sft.step == 3
-    assert "1 pod(s) failed or were evicted" in sft.message and "newest checkpoint" in sft.message
+    assert (
+        "restarted 1 time(s) after a failed or evicted pod" in sft.message
+        and "newest checkpoint" in sft.message
+    )
 
 
 def test_finished_stages_are_not_read_again_and_keep_their_status(tmp_path: Path) -> None:
@@ -81,7 +83,7 @@ def test_finished_stages_are_not_read_again_and_keep_their_status(tmp_path: Path
     layout = TrainingLayout("p")
     write_status(store, layout, "rl", 5, phase="Running", max_steps=10, metrics={"reward/mean": 0.5})
     records = {"rl": read_stage(store, layout, "rl")}
-    folded = fold_stages(SPEC, plan_run(SPEC, RUN, jobs, service_ready=False), jobs, records, previous)
+    folded = fold_stages(SPEC, plan_run(SPEC, jobs), jobs, records, previous)
     assert folded.stages[0] == previous[0]
     assert folded.stages[1].step == 5 and folded.stages[1].metrics == {"reward/mean": 0.5}
     assert folded.current_stage == "rl" and folded.stages_done == 1
@@ -90,9 +92,9 @@ def test_finished_stages_are_not_read_again_and_keep_their_status(tmp_path: Path
 
 def test_a_failed_job_shows_its_reason_and_a_suspended_run_says_so() -> None:
     jobs = {"sft": JobView(JobState.FAILED, "BackoffLimitExceeded")}
-    folded = fold_stages(SPEC, plan_run(SPEC, RUN, jobs, service_ready=False), jobs, {}, [])
+    folded = fold_stages(SPEC, plan_run(SPEC, jobs), jobs, {}, [])
     assert folded.stages[0].phase == "Failed" and folded.stages[0].message == "BackoffLimitExceeded"
     suspended = SPEC.model_copy(update={"suspend": True})
     jobs = {"sft": JobView(JobState.SUSPENDED)}
-    folded = fold_stages(suspended, plan_run(suspended, RUN, jobs, service_ready=False), jobs, {}, [])
+    folded = fold_stages(suspended, plan_run(suspended, jobs), jobs, {}, [])
     assert folded.stages[0].phase == "Suspended" and "suspended at stage 1/2 sft" in folded.stages[0].message

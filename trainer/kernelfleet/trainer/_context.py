@@ -19,7 +19,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
@@ -102,7 +102,13 @@ class StoreCallback(TrainerCallback):
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
         if state.is_world_process_zero:
-            self.status.update(phase="Running", step=state.global_step, max_steps=state.max_steps)
+            # `ranks`: the processes that train together (a multi-node stage shows all of them).
+            self.status.update(
+                phase="Running",
+                step=state.global_step,
+                max_steps=state.max_steps,
+                metrics={"ranks": args.world_size},
+            )
 
     def on_log(
         self,
@@ -147,8 +153,12 @@ def checkpoint_key(ctx: StageContext, store_prefix: str, step: int) -> str:
 
 
 def restore_checkpoint(ctx: StageContext, store_prefix: str, output_dir: Path) -> Path | None:
-    """Download the newest complete checkpoint under `store_prefix` into `output_dir`; its path."""
-    found = newest_checkpoint(ctx.store, f"{store_prefix}/checkpoints/")
+    """Download the newest complete checkpoint under `store_prefix` into `output_dir`; its path.
+
+    With several ranks (their process group set up: the trainer's arguments' `device`), rank 0's
+    choice is every rank's: ranks that looked at the store a moment apart could otherwise resume
+    from different steps while an earlier attempt's upload completes."""
+    found = _agreed(newest_checkpoint(ctx.store, f"{store_prefix}/checkpoints/"))
     if found is None:
         return None
     step, key = found
@@ -158,7 +168,31 @@ def restore_checkpoint(ctx: StageContext, store_prefix: str, output_dir: Path) -
     return target
 
 
-def fetch_model(ctx: StageContext, source: str, name: str) -> Path:
+class RunPlace(Protocol):
+    """Where a run's weights come from and go: what `fetch_model` and `input_model` need (a
+    StageContext, or the generator's, which evaluates nothing)."""
+
+    @property
+    def config(self) -> RunConfig: ...
+    @property
+    def store(self) -> Store: ...
+    @property
+    def layout(self) -> TrainingLayout: ...
+    @property
+    def work_dir(self) -> Path: ...
+
+
+def _agreed(found: tuple[int, str] | None) -> tuple[int, str] | None:
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return found
+    box = [found]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def fetch_model(ctx: RunPlace, source: str, name: str) -> Path:
     """A local directory holding the weights named by `source`.
 
     `source` is a local directory, a store URL (file:// or s3://) of a directory uploaded with
@@ -184,7 +218,7 @@ def fetch_model(ctx: StageContext, source: str, name: str) -> Path:
     return Path(source)
 
 
-def input_model(ctx: StageContext, stage: TrainingStage) -> Path:
+def input_model(ctx: RunPlace, stage: TrainingStage) -> Path:
     """The weights `stage` starts from: the previous stage's final model, or the base model."""
     previous = ctx.config.previous(stage.name)
     if previous is None:

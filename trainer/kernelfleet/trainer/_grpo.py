@@ -59,7 +59,7 @@ from kernelfleet.trainer._rewards import (
     batch_metrics,
     make_backend,
 )
-from kernelfleet.trainer._sft import load_tokenizer, lora_config, save_final, use_bf16
+from kernelfleet.trainer._sft import cpu_ranks, load_tokenizer, lora_config, save_final, use_bf16
 
 log = logging.getLogger(__name__)
 
@@ -197,17 +197,23 @@ class OverlappedRollout:
             found.add(self.tokenizer.eos_token_id)
         return found
 
-    def _generate(self, trainer: Any, prompt_ids: list[int], count: int) -> list[list[int]]:
+    def _generate(
+        self, trainer: Any, prompt_ids: list[int], count: int
+    ) -> tuple[list[list[int]], list[list[float | None]] | None]:
+        """`count` completions of one prompt, and with vLLM each token's sampling logprob (trl's
+        importance-sampling correction needs them; transformers generates with the model itself)."""
         if getattr(trainer, "use_vllm", False):
             # trl syncs the weights into vLLM before calling the rollout; the prompts are the
-            # group's, repeated, as trl's own generation passes them.
-            _, completion_ids, _, _ = trainer.vllm_generation.generate(
+            # group's, repeated, as trl's own generation passes them (in server mode, rank 0 sends
+            # each distinct prompt once with n=count and broadcasts the answers).
+            _, completion_ids, logprobs, _ = trainer.vllm_generation.generate(
                 prompts=[prompt_ids] * count,
                 images=None,
                 num_generations=count,
                 profiler=contextlib.nullcontext(),
             )
-            return [list(ids) for ids in completion_ids]
+            sampled = None if logprobs is None else [[lp[0] for lp in seq] for seq in logprobs]
+            return [list(ids) for ids in completion_ids], sampled
         from trl.models.utils import unwrap_model_for_generation
 
         device = trainer.accelerator.device
@@ -230,7 +236,7 @@ class OverlappedRollout:
         for row in output[:, len(prompt_ids) :].tolist():
             cut = next((i + 1 for i, token in enumerate(row) if token in eos), len(row))
             completions.append(row[:cut])
-        return completions
+        return completions, None
 
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, Any]:
         group = max(1, int(getattr(trainer, "num_generations", 1)))
@@ -239,13 +245,15 @@ class OverlappedRollout:
         pending: list[tuple[Task, list[str | None], list[str], Any]] = []
         prompt_ids: list[list[int]] = []
         completion_ids: list[list[int]] = []
+        logprobs: list[list[float | None]] | None = []
         for index in range(0, len(prompts), group):
             members = prompts[index : index + group]
             task = self.prompts.task_of(members[0])
             messages = self.prompts.messages(task, step, index // group)
             text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
             ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-            completions = self._generate(trainer, ids, len(members))
+            completions, sampled = self._generate(trainer, ids, len(members))
+            logprobs = None if sampled is None or logprobs is None else logprobs + sampled
             texts = self.tokenizer.batch_decode(completions, skip_special_tokens=True)
             if self.answer_filter is not None:
                 texts = [self.answer_filter(task, text, step) for text in texts]
@@ -286,7 +294,7 @@ class OverlappedRollout:
         return {
             "prompt_ids": prompt_ids,
             "completion_ids": completion_ids,
-            "logprobs": None,
+            "logprobs": logprobs,
             REWARD_COLUMN: shaped,
         }
 
@@ -345,10 +353,21 @@ class TimingCallback(TrainerCallback):
 def grpo_args(config: GRPOStageConfig, output_dir: Path) -> Any:
     from trl import GRPOConfig
 
-    use_vllm = config.use_vllm and importlib.util.find_spec("vllm") is not None and torch.cuda.is_available()
+    server = config.vllm_server_base_url
+    local = importlib.util.find_spec("vllm") is not None and torch.cuda.is_available()
+    # A server (trl's server mode) is used whenever one is named: trl itself says what is missing.
+    use_vllm = config.use_vllm and (bool(server) or local)
     if config.use_vllm and not use_vllm:
         log.info("vLLM is not usable here (not installed or no GPU): GRPO generates with transformers")
+    server_mode: dict[str, Any] = {}
+    if use_vllm and server:
+        server_mode = {
+            "vllm_mode": "server",
+            "vllm_server_base_url": server,
+            "vllm_server_timeout": config.vllm_server_timeout,
+        }
     return GRPOConfig(
+        **server_mode,
         output_dir=str(output_dir),
         learning_rate=config.learning_rate,
         num_generations=config.num_generations,
@@ -374,6 +393,7 @@ def grpo_args(config: GRPOStageConfig, output_dir: Path) -> Any:
         seed=config.seed,
         report_to="none",
         disable_tqdm=True,
+        **cpu_ranks(),
     )
 
 
@@ -437,12 +457,14 @@ def run_grpo(
     work = ctx.stage_dir(stage.name)
     output_dir = work / "trainer"
     output_dir.mkdir(parents=True, exist_ok=True)
+    args = grpo_args(config, output_dir)
+    _ = args.device  # sets up the ranks' process group, in which they agree on the checkpoint
     resume = restore_checkpoint(ctx, ctx.layout.stage(stage.name), output_dir)
     try:
         trainer = GRPOTrainer(
             model=str(model_path),
             reward_funcs=make_reward_function(rollout),
-            args=grpo_args(config, output_dir),
+            args=args,
             train_dataset=Dataset.from_list(prompts.rows()),
             processing_class=tokenizer,
             peft_config=lora_config(config),

@@ -9,6 +9,7 @@ load the result without peft.
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,14 @@ def use_bf16(requested: bool) -> bool:
         log.warning("bf16 asked for, but no GPU here supports it: training in fp32")
         return False
     return requested
+
+
+def cpu_ranks() -> dict[str, Any]:
+    """Trainer settings for several ranks without a GPU (a CPU run of a multi-node stage under
+    torchrun): accelerate then runs them as one gloo world (without `use_cpu` it would leave each
+    rank training alone); nothing otherwise (NCCL between GPUs; one process needs no world)."""
+    several = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    return {"use_cpu": True, "ddp_backend": "gloo"} if several and not torch.cuda.is_available() else {}
 
 
 def lora_config(fields: PeftFields) -> Any:
@@ -100,7 +109,6 @@ def fine_tune(
         raise UsageError(f"stage {stage.name}: no training examples; nothing to fine-tune on")
     output_dir = work / "trainer"
     output_dir.mkdir(parents=True, exist_ok=True)
-    resume = restore_checkpoint(ctx, store_prefix, output_dir)
     args = SFTConfig(
         output_dir=str(output_dir),
         learning_rate=config.learning_rate,
@@ -118,7 +126,10 @@ def fine_tune(
         seed=config.seed,
         report_to="none",
         disable_tqdm=True,
+        **cpu_ranks(),
     )
+    _ = args.device  # sets up the ranks' process group, in which they agree on the checkpoint
+    resume = restore_checkpoint(ctx, store_prefix, output_dir)
     dataset = Dataset.from_list([{"prompt": row["prompt"], "completion": row["completion"]} for row in rows])
     tokenizer = load_tokenizer(model_path)
     trainer = SFTTrainer(

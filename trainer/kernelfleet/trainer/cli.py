@@ -2,6 +2,7 @@
 
     kernelfleet train run CONFIG                  every stage of CONFIG in order (TrainingRun spec, YAML/JSON)
     kernelfleet train stage [--run-config CONFIG] --stage NAME --prefix KEY   one stage: a Job's command
+    kernelfleet train generator --stage NAME --prefix KEY      the RL stage's vLLM server (trl's server mode)
     kernelfleet train sft --model DIR --policy replay:FILE TASKS...          one stage from flags
     kernelfleet train self-train --model DIR TASKS...
     kernelfleet train rl --model DIR TASKS...
@@ -17,6 +18,8 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from kernelfleet.core.errors import UsageError
@@ -63,6 +66,23 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     stage.add_argument("--stage", required=True, metavar="NAME")
     _common(stage)
     stage.set_defaults(handler=stage_command)
+
+    generator = commands.add_parser(
+        "generator",
+        help="the RL stage's vLLM server in trl's server mode (a TrainingRun's generator pod)",
+        description="Fetch the weights the stage starts from (the previous stage's model, else the base "
+        "model) from the run started in the store, and serve them with `trl vllm-serve` (vLLM's own server "
+        "with the weight-transfer endpoints through which the trainer pushes its weights after each step).",
+    )
+    generator.add_argument("--stage", required=True, metavar="NAME")
+    _locations(generator)
+    generator.add_argument("--work-dir", default=None, help="local scratch for the weights")
+    generator.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
+    generator.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
+    generator.add_argument(
+        "--tensor-parallel-size", type=int, default=1, help="GPUs the model is split over (default 1)"
+    )
+    generator.set_defaults(handler=generator_command)
 
     for command, stage_type in STAGE_COMMANDS.items():
         single = commands.add_parser(command, help=f"one {stage_type.value} stage from flags")
@@ -139,8 +159,6 @@ def _logging(args: argparse.Namespace) -> None:
 
 
 def _open(config: RunConfig, args: argparse.Namespace) -> Any:
-    from pathlib import Path
-
     from kernelfleet.trainer._runner import open_run
 
     return open_run(
@@ -181,17 +199,55 @@ def stage_command(args: argparse.Namespace) -> int:
     if args.run_config:
         config = load_run_config(args.run_config)
     else:
-        if not args.prefix:
-            raise UsageError(
-                "train stage needs --run-config CONFIG, or --prefix KEY of a run started in the store"
-            )
-        store = open_store(args.store)
-        name, spec = read_run_record(store, TrainingLayout(args.prefix))
-        config = RunConfig(name, spec, store.url_for(TrainingLayout(args.prefix).spec))
+        config = _recorded_config(
+            open_store(args.store), args.prefix, "train stage needs --run-config CONFIG, or"
+        )
     config.stage(args.stage)
     with _open(config, args) as run:
         summary = run_stage(run, args.stage)
         _print_summary(run, [summary])
+    return 0
+
+
+def _recorded_config(store: Any, prefix: str | None, needs: str) -> RunConfig:
+    """The run started in the store under `prefix` (what a TrainingRun's pods train)."""
+    if not prefix:
+        raise UsageError(f"{needs} --prefix KEY of a run started in the store")
+    layout = TrainingLayout(prefix)
+    name, spec = read_run_record(store, layout)
+    return RunConfig(name, spec, store.url_for(layout.spec))
+
+
+@dataclass(frozen=True)
+class _GeneratorPlace:
+    config: RunConfig
+    store: Any
+    layout: TrainingLayout
+    work_dir: Path
+
+
+def generator_command(args: argparse.Namespace) -> int:
+    from trl.scripts.vllm_serve import ScriptArguments
+    from trl.scripts.vllm_serve import main as vllm_serve
+
+    from kernelfleet.trainer._context import input_model
+    from kernelfleet.trainer._runner import default_work_dir
+
+    _logging(args)
+    store = open_store(args.store)
+    config = _recorded_config(store, args.prefix, "train generator needs")
+    stage = config.stage(args.stage)
+    if stage.type != StageType.GRPO:
+        raise UsageError(f"stage {stage.name} is a {stage.type} stage: only an RL (grpo) stage generates")
+    layout = TrainingLayout(args.prefix)
+    work_dir = Path(args.work_dir) if args.work_dir else default_work_dir(layout.prefix)
+    model = input_model(_GeneratorPlace(config, store, layout, work_dir), stage)
+    # trl's own command line (it replaces this process): the server trl's client expects.
+    vllm_serve(
+        ScriptArguments(
+            model=str(model), host=args.host, port=args.port, tensor_parallel_size=args.tensor_parallel_size
+        )
+    )
     return 0
 
 

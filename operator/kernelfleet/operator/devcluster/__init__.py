@@ -1,10 +1,11 @@
 """kernelfleet.operator.devcluster: a real Kubernetes cluster with fake GPU nodes on one machine.
 
 The same servers the integration and e2e tests run, for users: etcd, kube-apiserver,
-kube-controller-manager, kube-scheduler, kwok playing eight nodes in four GPU pools (a100, h100,
-l40, rtx3090, labelled as NVIDIA's GPU Feature Discovery labels real nodes), and MinIO as the
-store. Every server is a binary built from its Go module into kernelfleet's cache (never a mock,
-never a downloaded binary). `kernelfleet dev-cluster up|down|env|check|demo` drives it.
+kube-controller-manager, kube-scheduler, the JobSet controller, kwok playing eight nodes in four
+GPU pools (a100, h100, l40, rtx3090, labelled as NVIDIA's GPU Feature Discovery labels real
+nodes), and MinIO as the store. Every server is a binary built from its Go module into
+kernelfleet's cache (never a mock, never a downloaded binary).
+`kernelfleet dev-cluster up|down|env|check|demo` drives it.
 
 No torch here: this is part of the operator distribution.
 """

@@ -32,8 +32,9 @@ def build_message(missing: list[str]) -> str:
     )
 
 
-def build(echo: bool = True) -> float:
-    """Run the build script (output to stderr); return its wall time in seconds."""
+def build(echo: bool = True, components: tuple[str, ...] = ()) -> float:
+    """Run the build script for `components` (default: the script's own) with its output on
+    stderr; return its wall time in seconds."""
     if shutil.which("go") is None:
         raise UsageError(
             f"building the dev cluster's servers needs {GO_VERSION_HINT}, and `go` is not on PATH: "
@@ -42,7 +43,7 @@ def build(echo: bool = True) -> float:
         )
     started = time.monotonic()
     result = subprocess.run(
-        ["bash", str(BUILD_SCRIPT)],
+        ["bash", str(BUILD_SCRIPT), *components],
         stdout=sys.stderr if echo else subprocess.DEVNULL,
         stderr=sys.stderr if echo else subprocess.DEVNULL,
         check=False,

@@ -2,7 +2,8 @@
 command which started it.
 
 `DevCluster.up` starts the same servers the e2e tier uses (etcd, kube-apiserver,
-kube-controller-manager, kube-scheduler, kwok, optionally with nodes in the four GPU pools)
+kube-controller-manager, kube-scheduler, the JobSet controller, kwok, optionally with nodes in
+the four GPU pools)
 plus MinIO with a `kernelfleet` bucket, each in its own session, and writes what another process
 needs to find and stop them into `cluster.json` in the cluster's directory. `DevCluster.load`
 reads it back; `down` stops every recorded process. The directory is private (mode 700): it
@@ -25,6 +26,7 @@ from pydantic import BaseModel, ConfigDict
 
 from kernelfleet.core.errors import UsageError
 from kernelfleet.operator.devcluster._kube import GPU_POOLS, ControlPlane, gpu_node_manifest
+from kernelfleet.operator.devcluster._kueue import create_queue_objects, gpu_queue_manifests
 from kernelfleet.operator.devcluster._minio import MinioServer
 from kernelfleet.operator.devcluster._process import (
     ProcessRecord,
@@ -38,7 +40,21 @@ from kernelfleet.operator.devcluster._process import (
 BUCKET = "kernelfleet"
 STATE_FILE = "cluster.json"
 # Every binary `up` starts, so that a missing one is reported before anything starts.
-BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "minio", "helm")
+BINARIES = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kwok",
+    "minio",
+    "helm",
+    "jobset",
+)
+# Started only with `up --kueue`, and then checked too.
+KUEUE_BINARIES = ("kueue",)
+# With --kueue: the GPU quota of the dev cluster's ClusterQueue per class (one pod-runner node each).
+KUEUE_GPUS_PER_CLASS = 8
+KUEUE_QUEUE = "kernelfleet"
 # kwok nodes complete pods without running them: none by default, so that every pod of a job
 # lands on the pod runner's nodes and really runs.
 KWOK_NODES_PER_POOL = 0
@@ -50,9 +66,9 @@ def default_directory() -> Path:
     return Path(configured) if configured else cache_dir() / "dev-cluster"
 
 
-def missing_binaries() -> list[str]:
+def missing_binaries(kueue: bool = False) -> list[str]:
     missing = []
-    for name in BINARIES:
+    for name in (*BINARIES, *(KUEUE_BINARIES if kueue else ())):
         try:
             binary(name)
         except FileNotFoundError:
@@ -130,8 +146,11 @@ class DevCluster:
 
     # ------------------------------------------------------------------ up
 
-    def up(self, kwok_nodes_per_pool: int = KWOK_NODES_PER_POOL) -> ClusterState:
+    def up(self, kwok_nodes_per_pool: int = KWOK_NODES_PER_POOL, kueue: bool = False) -> ClusterState:
         """Start the control plane, the GPU nodes and MinIO; return their state.
+
+        With `kueue`, Kueue's controller too, and a ClusterQueue `kernelfleet` with a GPU quota
+        per pool and a LocalQueue `kernelfleet` in namespace default (`queueName: kernelfleet`).
 
         Raises UsageError when a cluster already runs here (its processes are alive), and
         BinaryMissing (a UsageError) naming the first binary not built yet.
@@ -144,7 +163,7 @@ class DevCluster:
                     "(`eval $(kernelfleet dev-cluster env)`), or stop it with `kernelfleet dev-cluster down`"
                 )
             self._stop_records(current.processes)  # a half-dead cluster from before: clear it
-        for name in BINARIES:
+        for name in (*BINARIES, *(KUEUE_BINARIES if kueue else ())):
             binary(name)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.directory.chmod(0o700)
@@ -154,6 +173,8 @@ class DevCluster:
         try:
             plane = ControlPlane.start(self.directory / "kube")
             plane.add_cluster_components()
+            if kueue:
+                _add_kueue(plane)
             if kwok_nodes_per_pool:
                 _create_nodes(plane.kubeconfig, kwok_nodes_per_pool)
             minio = self._minio()
@@ -245,5 +266,24 @@ def _create_nodes(kubeconfig: Path, per_pool: int) -> None:
             return len(ready) == per_pool * len(GPU_POOLS)
 
         wait_for("the fake GPU nodes to be Ready", all_ready, timeout=90.0)
+    finally:
+        api_client.close()
+
+
+def _add_kueue(plane: ControlPlane) -> None:
+    """Kueue, and the queues that take kernelfleet's Jobs: KUEUE_GPUS_PER_CLASS GPUs per pool."""
+    from kubernetes import config
+
+    plane.add_kueue()
+    api_client = config.new_client_from_config(config_file=str(plane.kubeconfig))
+    try:
+        create_queue_objects(
+            api_client,
+            gpu_queue_manifests(
+                dict.fromkeys(GPU_POOLS, KUEUE_GPUS_PER_CLASS),
+                cluster_queue=KUEUE_QUEUE,
+                local_queue=KUEUE_QUEUE,
+            ),
+        )
     finally:
         api_client.close()

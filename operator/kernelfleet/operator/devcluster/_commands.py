@@ -14,7 +14,13 @@ from pathlib import Path
 
 from kernelfleet.core.errors import UsageError
 from kernelfleet.operator.devcluster._binaries import build, build_message
-from kernelfleet.operator.devcluster._cluster import ClusterState, DevCluster, missing_binaries
+from kernelfleet.operator.devcluster._cluster import (
+    KUEUE_GPUS_PER_CLASS,
+    KUEUE_QUEUE,
+    ClusterState,
+    DevCluster,
+    missing_binaries,
+)
 from kernelfleet.operator.devcluster._process import bin_dir
 
 
@@ -42,27 +48,33 @@ def _running(cluster: DevCluster) -> ClusterState:
     return state
 
 
-def ensure_binaries(allow_build: bool) -> None:
+def ensure_binaries(allow_build: bool, kueue: bool = False) -> None:
     """Build the missing servers, after saying what that costs; or refuse, with the same words."""
-    missing = missing_binaries()
+    missing = missing_binaries(kueue=kueue)
     if not missing:
         return
     message = build_message(missing)
     if not allow_build:
         raise UsageError(message + " Run it without --no-build to build them now, or run `make binaries`.")
     _say(message + " Building now.")
-    seconds = build()
+    seconds = build(components=tuple(dict.fromkeys(_COMPONENTS.get(name, name) for name in missing)))
     _say(f"built the servers in {seconds / 60:.1f} minutes")
 
 
-def start(cluster: DevCluster, kwok_nodes_per_pool: int = 0, with_operator: bool = True) -> ClusterState:
+# The build script's component of each binary that has another name.
+_COMPONENTS = {"kube-apiserver": "kube", "kube-controller-manager": "kube", "kube-scheduler": "kube"}
+
+
+def start(
+    cluster: DevCluster, kwok_nodes_per_pool: int = 0, with_operator: bool = True, kueue: bool = False
+) -> ClusterState:
     """Servers, MinIO, the chart, and (unless told not to) the operator and the pod runner."""
     from kernelfleet.operator.devcluster._install import install, operator_process
     from kernelfleet.operator.devcluster._services import pod_runner_process
 
     started = time.monotonic()
     _say(f"starting the dev cluster in {cluster.directory} ...")
-    state = cluster.up(kwok_nodes_per_pool=kwok_nodes_per_pool)
+    state = cluster.up(kwok_nodes_per_pool=kwok_nodes_per_pool, kueue=kueue)
     try:
         elapsed = time.monotonic() - started
         _say(f"control plane and MinIO up ({elapsed:.0f}s); installing the chart with helm ...")
@@ -83,8 +95,8 @@ def start(cluster: DevCluster, kwok_nodes_per_pool: int = 0, with_operator: bool
 
 def up(args: argparse.Namespace) -> int:
     cluster = _cluster(args)
-    ensure_binaries(allow_build=not args.no_build)
-    state = start(cluster, args.kwok_nodes_per_pool, with_operator=not args.no_operator)
+    ensure_binaries(allow_build=not args.no_build, kueue=args.kueue)
+    state = start(cluster, args.kwok_nodes_per_pool, with_operator=not args.no_operator, kueue=args.kueue)
     running = (
         ""
         if args.no_operator
@@ -94,7 +106,13 @@ def up(args: argparse.Namespace) -> int:
         f"API server {state.api_server}, MinIO at {state.s3_endpoint} (store {state.store_url}), "
         f"the chart installed in namespace kernelfleet-system{running}.\n"
         "Point your shell at it:  eval $(kernelfleet dev-cluster env)\n"
-        "Submit a job:            kernelfleet submit examples/tasks --gpu-class h100 --wait\n"
+        + (
+            f"Kueue admits the Jobs of queue '{KUEUE_QUEUE}' (namespace default), "
+            f"{KUEUE_GPUS_PER_CLASS} GPUs per class: add --queue-name {KUEUE_QUEUE} to submit.\n"
+            if args.kueue
+            else ""
+        )
+        + "Submit a job:            kernelfleet submit examples/tasks --gpu-class h100 --wait\n"
         "Stop it:                 kernelfleet dev-cluster down"
     )
     return 0

@@ -1,5 +1,5 @@
 """A real Kubernetes control plane on loopback: etcd and kube-apiserver, and for a whole cluster
-kube-scheduler, kube-controller-manager and kwok with fake GPU nodes.
+kube-scheduler, kube-controller-manager, the JobSet controller and kwok with fake GPU nodes.
 
 There is no container runtime here, so no kubelet: kwok plays the nodes. It marks them Ready,
 renews their leases, moves scheduled pods to Running and completes the pods of Jobs, which
@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import ssl
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
+from kernelfleet.operator.devcluster._jobset import JobSetController
+from kernelfleet.operator.devcluster._kueue import DEFAULT_FRAMEWORKS, Kueue
 from kernelfleet.operator.devcluster._pki import Pki
 from kernelfleet.operator.devcluster._process import (
     BUILD_HINT,
@@ -194,8 +196,16 @@ class ControlPlane:
         self.apiserver.process.stop()
         self.etcd.process.stop()
 
+    def add_kueue(self, frameworks: Sequence[str] = DEFAULT_FRAMEWORKS) -> Kueue:
+        """Start Kueue's controller against this API server (its CRDs and webhooks installed)."""
+        kueue = Kueue(self.workdir / "kueue", self.kubeconfig, self.apiserver.pki, frameworks)
+        kueue.start()
+        self.extra.append(kueue.process)
+        return kueue
+
     def add_cluster_components(self) -> None:
-        """Start kube-controller-manager, kube-scheduler and kwok against this API server."""
+        """Start kube-controller-manager, kube-scheduler, kwok and the JobSet controller against
+        this API server."""
         kubeconfig = str(self.kubeconfig)
         common = [
             f"--kubeconfig={kubeconfig}",
@@ -248,6 +258,9 @@ class ControlPlane:
         for process in (kcm, scheduler, kwok):
             process.start()
             self.extra.append(process)
+        jobset = JobSetController(self.workdir / "jobset", self.kubeconfig, pki)
+        jobset.start()
+        self.extra.append(jobset.process)
 
 
 def kwok_configuration() -> str:

@@ -10,7 +10,11 @@ this machine instead, with what its pod spec says:
   volumes filled from the API server), and every argument and environment value that points
   into a mount point is rewritten to point into that directory;
 - a listener on `0.0.0.0:PORT` (probes, metrics), which in a pod has the pod's own network,
-  listens on 127.0.0.1 on a free port instead, so that nothing collides on the machine.
+  listens on 127.0.0.1 on a free port instead, so that nothing collides on the machine;
+- a pod with a stable host name (a JobSet's `hostname` and `subdomain`) listens on the ports it
+  declares at the loopback ports `_hostports` assigns to its name, and every `host.<subdomain>:PORT`
+  its command or environment names becomes that loopback address (`torchrun` runs this
+  Python's torch.distributed.run).
 
 Pod specs are read as plain dicts (the API's JSON), so this works on what `helm template` or
 the API server returns alike.
@@ -28,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kernelfleet.operator.devcluster._hostports import HostPorts
 from kernelfleet.operator.devcluster._process import free_port
 
 # Reads one object the pod refers to: (kind "Secret" | "ConfigMap", namespace, name) -> its data
@@ -71,8 +76,11 @@ def local_command(
     base_env: Mapping[str, str],
     container: int = 0,
     python: str = sys.executable,
+    hosts: HostPorts | None = None,
 ) -> LocalCommand:
-    """What to run for container `container` of `pod` (a Pod or a pod template, as a dict)."""
+    """What to run for container `container` of `pod` (a Pod or a pod template, as a dict).
+
+    `hosts`: the shared table of pod host names (see `_hostports`), for pods of a JobSet."""
     meta, spec = pod.get("metadata") or {}, pod["spec"]
     namespace = meta.get("namespace") or "default"
     main = spec["containers"][container]
@@ -80,16 +88,30 @@ def local_command(
     mounts = _mounts(spec, main, namespace, read, workdir)
     ports: dict[int, int] = {}
     env = dict(base_env)
+    rewrite = hosts.rewrite if hosts is not None else (lambda text: text)
+    if hosts is not None and spec.get("hostname") and spec.get("subdomain"):
+        hosts.add_subdomain(spec["subdomain"])
+        own = f"{spec['hostname']}.{spec['subdomain']}"
+        for declared in main.get("ports") or []:
+            port = int(declared["containerPort"])
+            ports[port] = hosts.port(own, port) or free_port()
     for variable in main.get("env") or []:
         value = _env_value(variable, meta, spec, namespace, read)
         if value is not None:
-            env[variable["name"]] = _local_address(_remap(value, mounts), ports)
-    argv = [_local_address(_remap(arg, mounts), ports) for arg in (main.get("command") or [])]
-    argv += [_local_address(_remap(arg, mounts), ports) for arg in (main.get("args") or [])]
+            env[variable["name"]] = rewrite(_local_address(_remap(value, mounts), ports))
+    raw = [*(main.get("command") or []), *(main.get("args") or [])]
+    argv = []
+    for index, arg in enumerate(raw):
+        if index and raw[index - 1].endswith("-port") and arg.isdigit() and int(arg) in ports:
+            argv.append(str(ports[int(arg)]))  # `--port 8470`: the port the pod declared
+            continue
+        argv.append(rewrite(_local_address(_remap(arg, mounts), ports)))
     if argv and argv[0] == "kernelfleet":
         # This machine's interpreter is no path in the pod: substituted after the remapping, so
         # a checkout under a mount point (/tmp) is not taken for one of the pod's volumes.
         argv = [python, "-m", "kernelfleet.core.cli", *argv[1:]]
+    elif argv and argv[0] == "torchrun":
+        argv = [python, "-m", "torch.distributed.run", *argv[1:]]
     return LocalCommand(argv=argv, env=env, cwd=workdir, ports=ports)
 
 

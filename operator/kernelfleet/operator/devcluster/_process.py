@@ -153,9 +153,12 @@ class ServerProcess:
         env: Mapping[str, str] | None = None,
         ready_timeout: float = 60.0,
         inherit_env: bool = True,
+        program: str | None = None,
     ) -> None:
         self.name = name
         self.argv = list(argv)
+        # What the process runs once started, when argv starts with a launcher that execs it.
+        self.program = program or self.argv[0]
         self.workdir = workdir
         self.ready = ready
         self.env = {**(os.environ if inherit_env else {}), **(env or {})}
@@ -170,7 +173,7 @@ class ServerProcess:
     def record(self) -> ProcessRecord:
         if self._proc is None:
             raise RuntimeError(f"{self.name} was not started")
-        return ProcessRecord(name=self.name, pid=self._proc.pid, program=self.argv[0], log=str(self.log_path))
+        return ProcessRecord(name=self.name, pid=self._proc.pid, program=self.program, log=str(self.log_path))
 
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)

@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
 # Builds the servers that the integration and e2e tests and `kernelfleet dev-cluster` run
-# (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok, helm, MinIO) from Go
-# modules, into a cache outside the repository. Nothing is downloaded as a binary: everything comes from the Go
+# (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok, helm, MinIO, the JobSet
+# controller, and on request Kueue) from Go modules, into a cache outside the repository. Nothing is
+# downloaded as a binary: everything comes from the Go
 # module proxy and is compiled with this machine's Go. A binary is rebuilt only when it is
 # missing for its pinned version, so a warm run costs nothing.
 #
 # Usage: build-binaries.sh [--print-dir] [COMPONENT...]   (scripts/build-test-binaries.sh in a checkout)
-#   COMPONENT: etcd kube minio kwok helm (default: all)
+#   COMPONENT: etcd kube minio kwok helm jobset kueue (default: all but kueue, which only the e2e
+#   tier and `dev-cluster up --kueue` need)
 set -euo pipefail
 
 K8S_VERSION=1.37.2          # kube-apiserver, kube-controller-manager, kube-scheduler
 ETCD_VERSION=3.6.16
 KWOK_VERSION=0.8.0
 HELM_VERSION=3.22.0
+JOBSET_VERSION=0.12.0       # sigs.k8s.io/jobset: a TrainingRun stage is one JobSet
+KUEUE_VERSION=0.19.2
 # MinIO's tags are not semver, so Go knows it by pseudo-version: this is the repository's final
 # commit (2026-02-12), the one the module proxy serves.
 MINIO_VERSION=v0.0.0-20260212201848-7aac2a2c5b7c
@@ -32,15 +36,21 @@ log() { printf '[build-test-binaries] %s\n' "$*" >&2; }
 have() { [[ -x "$BIN/$1" && "$(cat "$BIN/$1.version" 2>/dev/null)" == "$2" ]]; }
 stamp() { echo "$2" > "$BIN/$1.version"; }
 
+# build_wrapped NAME MODULE VERSION PACKAGE: build PACKAGE of MODULE@VERSION into $BIN/NAME from a
+# throw-away wrapper module that requires it like any library. For modules `go install` refuses:
+# one with local replaces (etcd's server), or one whose version list the proxy will not serve.
+build_wrapped() {
+  local name=$1 module=$2 version=$3 package=$4 d="$WORK/$1"
+  rm -rf "$d"; mkdir -p "$d"; cd "$d"
+  go mod init "local.invalid/${name}bin" >/dev/null 2>&1
+  go get -tool "$module@v$version" >/dev/null 2>&1
+  go build -ldflags "-s -w" -o "$BIN/$name" "$package"
+}
+
 build_etcd() {
   have etcd "$ETCD_VERSION" && return 0
   log "building etcd v$ETCD_VERSION"
-  # etcd's server go.mod has local replaces, so `go install` refuses it: build it from a
-  # throw-away wrapper module that requires it like any library.
-  local d="$WORK/etcd"; rm -rf "$d"; mkdir -p "$d"; cd "$d"
-  go mod init local.invalid/etcdbin >/dev/null 2>&1
-  go get -tool "go.etcd.io/etcd/server/v3@v$ETCD_VERSION" >/dev/null 2>&1
-  go build -ldflags "-s -w" -o "$BIN/etcd" go.etcd.io/etcd/server/v3
+  build_wrapped etcd go.etcd.io/etcd/server/v3 "$ETCD_VERSION" go.etcd.io/etcd/server/v3
   stamp etcd "$ETCD_VERSION"
 }
 
@@ -95,6 +105,19 @@ build_helm() {
   stamp helm "$HELM_VERSION"
 }
 
+build_jobset() {
+  have jobset "$JOBSET_VERSION" && return 0
+  log "building the JobSet controller v$JOBSET_VERSION"
+  build_wrapped jobset sigs.k8s.io/jobset "$JOBSET_VERSION" sigs.k8s.io/jobset
+  # Its CRDs and webhook registrations ship inside the module: copy them next to the binary.
+  local src manifests="$BIN/jobset-manifests"
+  src="$(go env GOMODCACHE)/sigs.k8s.io/jobset@v$JOBSET_VERSION/config/components"
+  rm -rf "$manifests"; mkdir -p "$manifests"
+  cp "$src"/crd/bases/*.yaml "$src/webhook/manifests.yaml" "$manifests/"
+  chmod u+w "$manifests"/*
+  stamp jobset "$JOBSET_VERSION"
+}
+
 build_minio() {
   have minio "$MINIO_VERSION" && return 0
   log "building minio $MINIO_VERSION"
@@ -102,14 +125,28 @@ build_minio() {
   stamp minio "$MINIO_VERSION"
 }
 
-components=("$@"); [[ ${#components[@]} -gt 0 ]] || components=(kube etcd minio kwok helm)
+build_kueue() {
+  have kueue "$KUEUE_VERSION" && return 0
+  log "building kueue v$KUEUE_VERSION"
+  GOBIN="$BIN" go install -ldflags "-s -w" "sigs.k8s.io/kueue/cmd/kueue@v$KUEUE_VERSION"
+  # Kueue's CRDs and webhook registrations ship inside the module; the servers install them from
+  # here (the webhooks rewritten to point at the local process).
+  local src manifests="$BIN/kueue-manifests"; src="$(go env GOMODCACHE)/sigs.k8s.io/kueue@v$KUEUE_VERSION/config/components"
+  rm -rf "$manifests"; mkdir -p "$manifests/crd"
+  cp "$src"/crd/bases/*.yaml "$manifests/crd/"
+  cp "$src/webhook/manifests.yaml" "$manifests/webhooks.yaml"
+  chmod -R u+w "$manifests"
+  stamp kueue "$KUEUE_VERSION"
+}
+
+components=("$@"); [[ ${#components[@]} -gt 0 ]] || components=(kube etcd minio kwok helm jobset)
 # Go parallelises each build over the cores already; running the builds side by side also
 # overlaps one build's downloads and linking with another's compiling.
 pids=()
 for c in "${components[@]}"; do
   case "$c" in
-    etcd|kube|minio|kwok|helm) ( "build_$c" ) & pids+=($!) ;;
-    *) log "unknown component '$c' (expected: etcd kube minio kwok helm)"; exit 2 ;;
+    etcd|kube|minio|kwok|helm|jobset|kueue) ( "build_$c" ) & pids+=($!) ;;
+    *) log "unknown component '$c' (expected: etcd kube minio kwok helm jobset kueue)"; exit 2 ;;
   esac
 done
 rc=0; for p in "${pids[@]}"; do wait "$p" || rc=1; done

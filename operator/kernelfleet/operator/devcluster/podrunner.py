@@ -12,6 +12,10 @@ status), `PodRunner` plays the kubelet of one or more nodes of its own:
   translates them (`kernelfleet ...` runs this Python's CLI; Secret references and the
   downward API's fields and annotations, JOB_COMPLETION_INDEX among them; volume mounts as
   directories of the runner's, and paths into them rewritten);
+- a JobSet's pods reach each other by their stable host names (`<pod>.<subdomain>`): each
+  (name, port) gets a loopback port of its own (`_hostports`), which the pods' commands and
+  environment are rewritten to, and which their Python processes resolve such names to (a
+  `sitecustomize` the runner puts on their PYTHONPATH);
 - it reports the pod Running, then Succeeded or Failed with the container's exit code (the
   Jobs' pod failure policy reads it), and it kills the process when the pod is deleted.
 
@@ -22,6 +26,7 @@ Only nodes named here are touched: kwok's nodes and their pods are not.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -36,6 +41,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from kernelfleet.operator.devcluster import _hostports
+from kernelfleet.operator.devcluster._hostports import HostPorts
 from kernelfleet.operator.devcluster._localpod import api_reader, local_command
 
 log = logging.getLogger("kernelfleet.podrunner")
@@ -148,6 +155,17 @@ class PodRunner:
         self.core: Any = client.CoreV1Api(self.api_client)
         self.coordination: Any = client.CoordinationV1Api(self.api_client)
         self.workdir.mkdir(parents=True, exist_ok=True)
+        self.hosts = HostPorts(self.workdir / "hosts.json")
+        # Loaded by file, not by package: it runs at the start of every Python process of a pod.
+        self.site = self.workdir / "site"
+        self.site.mkdir(exist_ok=True)
+        (self.site / "sitecustomize.py").write_text(
+            "import importlib.util\n"
+            f"spec = importlib.util.spec_from_file_location('_kf_hostports', {_hostports.__file__!r})\n"
+            "module = importlib.util.module_from_spec(spec)\n"
+            "spec.loader.exec_module(module)\n"
+            "module.install()\n"
+        )
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -259,12 +277,14 @@ class PodRunner:
 
         container = pod.spec.containers[0]
         workdir = self.workdir / f"{pod.metadata.namespace}-{pod.metadata.name}"
+        path = os.pathsep.join(p for p in (str(self.site), os.environ.get("PYTHONPATH", "")) if p)
         command = local_command(
             self.api_client.sanitize_for_serialization(pod),
             api_reader(self.core),
             workdir,
-            base_env={**os.environ, **self.env},
+            base_env={**os.environ, **self.env, "PYTHONPATH": path, _hostports.ENV: str(self.hosts.path)},
             python=self.python,
+            hosts=self.hosts,
         )
         log_path = workdir / "container.log"
         with open(log_path, "ab") as output:
@@ -317,6 +337,8 @@ class PodRunner:
             code = running.process.poll()
             if code is None:
                 continue
+            if code < 0:
+                code = 128 - code  # killed by a signal: the status a container runtime reports
             del self._running[uid]
             self._done.add(uid)
             self.exit_codes[running.pod_name] = code
@@ -414,11 +436,44 @@ class PodRunner:
             if error.status != 404:
                 raise
 
+    def crash(self, pod_name: str, namespace: str) -> bool:
+        """SIGKILL the process group of a running pod, as a crashed container (or a lost node's
+        process) dies: the pod ends Failed with the signal's exit status. False when not running."""
+        for running in list(self._running.values()):
+            if running.pod_name == pod_name and running.namespace == namespace:
+                self._kill(running)
+                return True
+        return False
+
     @staticmethod
     def _kill(running: _Running) -> None:
+        """Kill the pod's processes, all of them, as a container's end does: its process group
+        and every process below it (torchrun starts its workers in sessions of their own)."""
         if running.process.poll() is None:
-            os.killpg(running.process.pid, signal.SIGKILL)
+            below = _descendants(running.process.pid)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(running.process.pid, signal.SIGKILL)
+            for pid in below:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
             running.process.wait(timeout=30)
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below `pid`, read from /proc (children of children too)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(parent, []).append(int(stat.parent.name))
+    found, queue = [], [pid]
+    while queue:
+        for child in children.get(queue.pop(), []):
+            found.append(child)
+            queue.append(child)
+    return found
 
 
 def wait_until(what: str, check: Any, timeout: float, interval: float = 0.5) -> Any:
