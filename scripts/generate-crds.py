@@ -69,6 +69,35 @@ def schema_of(model: type[BaseModel]) -> dict[str, Any]:
     return dict(_structural(raw, raw.get("$defs", {})))
 
 
+def immutability_rules(spec: type[BaseModel], schema: dict[str, Any]) -> list[dict[str, Any]]:
+    """A CEL transition rule per spec field outside the model's MUTABLE list: the API server
+    refuses an update that changes it, naming the field. Every such field has a default (or is
+    required), so it is present in both the old and the new object."""
+    mutable = getattr(spec, "MUTABLE", None)
+    if mutable is None:
+        return []
+    allowed = ", ".join(f"spec.{name}" for name in mutable)
+    return [
+        resources.rule(
+            f"self.{name} == oldSelf.{name}",
+            f"spec.{name} cannot be changed once the resource exists (only {allowed} can): create a new one",
+            f".{name}",
+            "FieldValueForbidden",
+        )
+        for name in schema["properties"]
+        if name not in mutable
+    ]
+
+
+def key_conditions_by_type(status_schema: dict[str, Any]) -> None:
+    """Conditions are a map keyed by type (as metav1.Condition lists are): one entry per type,
+    merged by type under server-side apply."""
+    conditions = status_schema.get("properties", {}).get("conditions")
+    if conditions is not None:
+        conditions["x-kubernetes-list-type"] = "map"
+        conditions["x-kubernetes-list-map-keys"] = ["type"]
+
+
 def crd(
     kind: str,
     plural: str,
@@ -80,6 +109,10 @@ def crd(
     spec_schema, status_schema = schema_of(spec), schema_of(status)
     spec_schema.pop("description", None)
     status_schema.pop("description", None)
+    rules = [*spec_schema.get("x-kubernetes-validations", []), *immutability_rules(spec, spec_schema)]
+    if rules:
+        spec_schema["x-kubernetes-validations"] = rules
+    key_conditions_by_type(status_schema)
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",

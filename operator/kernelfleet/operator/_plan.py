@@ -211,15 +211,3 @@ def make_plan(
         tasks_total=tasks_total,
         shards=tuple(shards),
     )
-
-
-def distribute_parallelism(total: int, remaining: Sequence[int]) -> list[int]:
-    """Split a class's `parallelism` over its shards in order: earlier shards first, none given
-    more pods than it has indexes left. A shard with nothing left gets 0 (it is finished)."""
-    result = []
-    left = total
-    for count in remaining:
-        share = min(left, count)
-        result.append(share)
-        left -= share
-    return result

@@ -17,7 +17,7 @@ from kernelfleet.operator.devcluster._kueue import (
 )
 
 
-def _webhook(name: str, group: str, path: str) -> dict[str, Any]:
+def _webhook(name: str, group: str, path: str) -> Any:
     return {
         "name": name,
         "clientConfig": {"service": {"name": "webhook-service", "namespace": "system", "path": path}},
@@ -29,7 +29,7 @@ def _webhook(name: str, group: str, path: str) -> dict[str, Any]:
 
 
 def test_only_the_webhooks_of_kueues_kinds_and_the_enabled_frameworks_are_registered_by_url() -> None:
-    documents = [
+    documents: list[dict[str, Any]] = [
         {
             "apiVersion": "admissionregistration.k8s.io/v1",
             "kind": "MutatingWebhookConfiguration",

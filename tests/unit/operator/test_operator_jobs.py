@@ -129,14 +129,16 @@ def test_kueue_queue_creates_the_job_suspended_with_the_queue_label() -> None:
         queue_name="gpu-queue",
         ttl_seconds_after_finished=600,
         active_deadline_seconds=7200,
+        managed_by="kueue.x-k8s.io/multikueue",
     )
     assert job["metadata"]["labels"][KUEUE_QUEUE_LABEL] == "gpu-queue"
     assert job["spec"]["suspend"] is True
     assert job["spec"]["ttlSecondsAfterFinished"] == 600
     assert job["spec"]["activeDeadlineSeconds"] == 7200
+    assert job["spec"]["managedBy"] == "kueue.x-k8s.io/multikueue"
     plain = _job(OperatorSettings(), suspend=True)
     assert plain["spec"]["suspend"] is True and KUEUE_QUEUE_LABEL not in plain["metadata"]["labels"]
-    assert "ttlSecondsAfterFinished" not in plain["spec"]
+    assert "ttlSecondsAfterFinished" not in plain["spec"] and "managedBy" not in plain["spec"]
 
 
 def test_parallelism_never_exceeds_completions() -> None:
