@@ -71,15 +71,24 @@ def schema_of(model: type[BaseModel]) -> dict[str, Any]:
 
 def immutability_rules(spec: type[BaseModel], schema: dict[str, Any]) -> list[dict[str, Any]]:
     """A CEL transition rule per spec field outside the model's MUTABLE list: the API server
-    refuses an update that changes it, naming the field. Every such field has a default (or is
-    required), so it is present in both the old and the new object."""
+    refuses an update that changes it (or adds or removes it), naming the field."""
     mutable = getattr(spec, "MUTABLE", None)
     if mutable is None:
         return []
     allowed = ", ".join(f"spec.{name}" for name in mutable)
+    present = set(schema.get("required", [])) | {n for n, p in schema["properties"].items() if "default" in p}
+
+    def unchanged(name: str) -> str:
+        if name in present:
+            return f"self.{name} == oldSelf.{name}"
+        # Optional without a default: absent in both, or present in both and equal.
+        return (
+            f"has(self.{name}) == has(oldSelf.{name}) && (!has(self.{name}) || self.{name} == oldSelf.{name})"
+        )
+
     return [
         resources.rule(
-            f"self.{name} == oldSelf.{name}",
+            unchanged(name),
             f"spec.{name} cannot be changed once the resource exists (only {allowed} can): create a new one",
             f".{name}",
             "FieldValueForbidden",

@@ -216,7 +216,9 @@ def test_kueue_jobs_are_created_suspended_with_the_queue_label(operator: Any, ku
 def test_a_child_job_deleted_while_running_is_created_again(operator: Any, kube: Any) -> None:
     create(kube, optimization_job("again", tasks=["kernelbench-v0:1:1-2"], gpuClasses=["h100"]))
     (first,) = wait_for("the Job", lambda: jobs_of(kube, "again"), timeout=WAIT_S)
-    kube.batch.delete_namespaced_job(first.metadata.name, kube.namespace)
+    # As kubectl deletes (background propagation: no garbage collector runs in this tier to
+    # take an orphan finalizer off).
+    kube.batch.delete_namespaced_job(first.metadata.name, kube.namespace, propagation_policy="Background")
     (second,) = wait_for(
         "the Job created again",
         lambda: [j for j in jobs_of(kube, "again") if j.metadata.uid != first.metadata.uid],

@@ -167,6 +167,8 @@ class _Memory:
     plan: JobPlan | None = None
     # Jobs created by this process that kopf's index does not show yet, with their parallelism.
     created: dict[str, int] = field(default_factory=dict)
+    # When each of those was created (time.monotonic()), to ask the API about one that stays away.
+    created_at: dict[str, float] = field(default_factory=dict)
     outcomes: dict[str, TaskOutcome] = field(default_factory=dict)
     # Incremental outcome reading: whether the outcome folders were listed once (after a start),
     # which indexes' outcomes were read since, and the task hash of each plan position.
@@ -435,6 +437,19 @@ def _record_ended(
     return result
 
 
+async def _forget_vanished(rt: Runtime, namespace: str, memory: _Memory) -> None:
+    """A Job created a pass ago that the index still lacks may have been deleted before the
+    index saw it: ask the API, and forget it if it is gone, so that it is created again."""
+    now = time.monotonic()
+    for name, created_at in list(memory.created_at.items()):
+        if (
+            now - created_at > rt.settings.status_interval_s
+            and await rt.kube.get_or_none(jobs_path(namespace, name)) is None
+        ):
+            memory.created.pop(name, None)
+            memory.created_at.pop(name, None)
+
+
 async def _converge_jobs(
     rt: Runtime, plan: JobPlan, spec: OptimizationJobSpec, owner: Owner, views: Mapping[str, JobView]
 ) -> None:
@@ -443,6 +458,8 @@ async def _converge_jobs(
     memory = _mem(owner.uid)
     for name in views:
         memory.created.pop(name, None)  # the index has it now
+        memory.created_at.pop(name, None)
+    await _forget_vanished(rt, owner.namespace, memory)
     search_shards = [s for s in plan.shards if s.role == Role.SEARCH]
     search_done = all((v := views.get(s.job_name)) is not None and v.finished for s in search_shards)
     wanted = list(search_shards)
@@ -462,6 +479,7 @@ async def _converge_jobs(
             if not error.conflict:
                 raise
         memory.created[shard.job_name] = shares[shard.job_name]
+        memory.created_at[shard.job_name] = time.monotonic()
 
     for start in range(0, len(missing), 8):
         await asyncio.gather(*(create(s) for s in missing[start : start + 8]))
