@@ -14,6 +14,7 @@ from __future__ import annotations
 import secrets
 import sys
 import threading
+import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -58,29 +59,42 @@ class WorkloadWatch:
         self.evictions: list[tuple[str, dict[str, Any]]] = []
         self._watch = watch.Watch()
         self._cluster = cluster
+        self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        for event in self._watch.stream(
-            self._cluster.custom.list_namespaced_custom_object,
-            "kueue.x-k8s.io",
-            "v1beta2",
-            self._cluster.namespace,
-            "workloads",
-            timeout_seconds=600,
-        ):
-            workload = event["object"]
-            owners = [
-                o["name"] for o in workload["metadata"].get("ownerReferences", []) if o["kind"] == "Job"
-            ]
-            for job in owners:
-                self.uids[job].add(workload["metadata"]["uid"])
-                for found in workload.get("status", {}).get("conditions", []):
-                    if found["type"] in ("Evicted", "Requeued", "Preempted") and found["status"] == "True":
-                        self.evictions.append((job, found))
+        """Watch until stopped, resuming from the last version seen when a stream ends."""
+        version = ""
+        while not self._stopped.is_set():
+            try:
+                for event in self._watch.stream(
+                    self._cluster.custom.list_namespaced_custom_object,
+                    "kueue.x-k8s.io",
+                    "v1beta2",
+                    self._cluster.namespace,
+                    "workloads",
+                    resource_version=version,
+                    timeout_seconds=60,
+                ):
+                    workload = event["object"]
+                    version = workload["metadata"]["resourceVersion"]
+                    self._record(workload)
+            except Exception:
+                if self._stopped.is_set():
+                    return
+                time.sleep(0.5)
+
+    def _record(self, workload: dict[str, Any]) -> None:
+        owners = [o["name"] for o in workload["metadata"].get("ownerReferences", []) if o["kind"] == "Job"]
+        for job in owners:
+            self.uids[job].add(workload["metadata"]["uid"])
+            for found in workload.get("status", {}).get("conditions", []):
+                if found["type"] in ("Evicted", "Requeued", "Preempted") and found["status"] == "True":
+                    self.evictions.append((job, found))
 
     def stop(self) -> None:
+        self._stopped.set()
         self._watch.stop()
 
 
