@@ -32,6 +32,7 @@ import kopf
 
 from kernelfleet.core.config import StoreConfig
 from kernelfleet.core.store import Store, open_store
+from kernelfleet.operator._jobs import LABEL_MANAGED_BY, MANAGED_BY
 from kernelfleet.operator._kube import KubeClient
 from kernelfleet.operator._metrics import Metrics, serve
 from kernelfleet.operator._settings import OperatorSettings
@@ -106,6 +107,7 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
         prefix="kernelfleet.io", key="last-handled-configuration"
     )
     settings.watching.server_timeout = 300
+    select_on_the_server(settings)
     settings.networking.request_timeout = 60
     settings.execution.max_workers = 8
     if rt.peering:
@@ -123,6 +125,12 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
         )
 
     rt.metrics.collectors.append(collect)
+
+
+def select_on_the_server(settings: kopf.OperatorSettings) -> None:
+    """Watch only the operator's own Jobs: the API server filters by label, so a cluster's other
+    Jobs are never sent to (or decoded by) the operator."""
+    settings.watching.label_selectors["batch", "v1", "jobs"] = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
 
 
 async def _ensure_peering(rt: Runtime) -> None:

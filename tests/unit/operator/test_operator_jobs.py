@@ -6,6 +6,8 @@ from kernelfleet.core.jobplan import EXIT_DETERMINISTIC
 from kernelfleet.operator._jobs import (
     CREDENTIALS_DIR,
     KUEUE_QUEUE_LABEL,
+    LABEL_MANAGED_BY,
+    MANAGED_BY,
     MAX_JOB_NAME,
     JobOptions,
     Owner,
@@ -179,3 +181,17 @@ def test_settings_read_the_charts_environment_and_flags_win() -> None:
     assert settings.store_secret == "creds"
     assert settings.s3_secure is False
     assert settings.image_pull_secrets == ("a", "b")
+
+
+def test_the_job_watch_is_filtered_by_label_on_the_server() -> None:
+    import kopf
+    from kopf._cogs.structs.references import Resource
+
+    from kernelfleet.operator._app import select_on_the_server
+
+    settings = kopf.OperatorSettings()
+    select_on_the_server(settings)
+    jobs = Resource("batch", "v1", "jobs", kind="Job", namespaced=True)
+    assert list(settings.watching.label_selectors.collect(jobs)) == [f"{LABEL_MANAGED_BY}={MANAGED_BY}"]
+    # Every Job the operator creates carries the label the watch selects.
+    assert _job(OperatorSettings())["metadata"]["labels"][LABEL_MANAGED_BY] == MANAGED_BY
