@@ -19,7 +19,7 @@ import math
 import re
 from collections.abc import Callable, Sequence
 
-from kernelfleet.core.errors import KernelfleetError, UsageError
+from kernelfleet.core.errors import KernelfleetError, StoreError, UsageError
 from kernelfleet.core.jobplan import JobPlan, Role, Shard, job_prefix
 from kernelfleet.core.models import Task
 from kernelfleet.core.resources import OptimizationJobSpec
@@ -136,7 +136,7 @@ def resolve_tasks(spec: OptimizationJobSpec, open_store: OpenStore) -> list[Task
     for position, selection in enumerate(spec.tasks):
         try:
             found = resolve_selection(selection, open_store)
-        except UsageError as error:
+        except (UsageError, StoreError) as error:  # a permanent refusal, such as access denied
             raise SpecError(f"spec.tasks[{position}]", str(error)) from None
         for task in found:
             tasks.setdefault(task.hash, task)

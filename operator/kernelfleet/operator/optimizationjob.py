@@ -176,6 +176,8 @@ class _Memory:
     read_indexes: dict[str, frozenset[int]] = field(default_factory=dict)
     task_hashes: dict[int, str] = field(default_factory=dict)
     ended: dict[str, JobView] = field(default_factory=dict)
+    # Jobs whose ended record the store was asked for and did not have.
+    no_record: set[str] = field(default_factory=set)
     rejected: tuple[int, float, SpecError] | None = None
 
 
@@ -233,6 +235,37 @@ async def _validate(rt: Runtime, spec: OptimizationJobSpec, namespace: str) -> N
             )
 
 
+CREDENTIALS_TTL_S = 60.0
+_credentials: dict[str, tuple[float, tuple[str, str] | None]] = {}
+
+
+async def namespace_credentials(rt: Runtime, namespace: str) -> tuple[str, str] | None:
+    """The store keys of a job's namespace (its store Secret, `--store-secret`), which the
+    operator uses for that job's store instead of its own: a job reaches only what its namespace
+    may (its own prefix, under a per-namespace policy). None without a store Secret. Read at most
+    once a minute per namespace."""
+    import base64
+
+    if not rt.settings.store_secret:
+        return None
+    now = time.monotonic()
+    cached = _credentials.get(namespace)
+    if cached is not None and now - cached[0] < CREDENTIALS_TTL_S:
+        return cached[1]
+    secret = await rt.kube.get_or_none(core_path("secrets", namespace, rt.settings.store_secret))
+    data = (secret or {}).get("data") or {}
+    if "accesskey" not in data or "secretkey" not in data:
+        raise SpecError(
+            "metadata.namespace",
+            f"the store Secret {rt.settings.store_secret!r} (keys accesskey, secretkey) does not exist "
+            f"in namespace {namespace}, or lacks a key: the operator and the worker pods reach the "
+            "store with it; create it there",
+        )
+    keys = (base64.b64decode(data["accesskey"]).decode(), base64.b64decode(data["secretkey"]).decode())
+    _credentials[namespace] = (now, keys)
+    return keys
+
+
 def _write_plan(store: Store, plan: JobPlan, tasks: list[Any]) -> None:
     """Chunks first, the plan last: a plan in the store is a complete one."""
     for number, chunk in enumerate(chunk_tasks(tasks, plan.chunk_size)):
@@ -252,8 +285,9 @@ async def _ensure_plan(
         # may have been created since), not on every pass.
         if generation == spec_generation(spec) and time.monotonic() - when < RECHECK_S:
             raise error
+    credentials = await namespace_credentials(rt, namespace)
     try:
-        store = rt.store(spec.store)
+        store = rt.store(spec.store, credentials)
     except UsageError as error:
         raise SpecError("spec.store", str(error)) from None
     prefix = job_prefix(namespace, name, uid)
@@ -270,7 +304,7 @@ async def _ensure_plan(
         raise
 
     def resolve_and_write() -> JobPlan:
-        tasks = resolve_tasks(spec, lambda url: rt.store(url))
+        tasks = resolve_tasks(spec, lambda url: rt.store(url, credentials))
         plan = make_plan(
             namespace=namespace,
             name=name,
@@ -419,12 +453,14 @@ def _record_ended(
                 store.put_json(ended_key(plan.prefix, name), record)
             memory.ended[name] = view
         if view is None:
-            # Gone: maybe ended and deleted (ttlSecondsAfterFinished). A Job this process created
-            # and never saw end is simply not in the index yet: no need to ask the store.
-            if name not in memory.ended and name not in memory.created:
+            # Gone: maybe it ended and was deleted while no operator watched (this process sees
+            # every Job it watches end, and records it above). So the store is asked once per
+            # Job and process; a Job this process created is simply not in the index yet.
+            if name not in memory.ended and name not in memory.created and name not in memory.no_record:
                 try:
                     raw = store.get_json(ended_key(plan.prefix, name))
                 except NotFound:
+                    memory.no_record.add(name)
                     continue
                 memory.ended[name] = JobView(
                     name=name, role=raw["role"], gpu_class=raw["gpu_class"], shard=raw["shard"],
@@ -870,7 +906,7 @@ async def reconcile(
         plan = await _ensure_plan(rt, parsed, namespace, name, uid)
         owner = Owner(kind=KIND, name=name, namespace=namespace, uid=uid)
         index = kwargs.get(INDEX)
-        store = rt.store(parsed.store)
+        store = rt.store(parsed.store, await namespace_credentials(rt, namespace))
         memory = _mem(uid)
         live = {v.name: v for v in (index.get((namespace, uid), []) if index is not None else [])}
         views = await asyncio.to_thread(_record_ended, store, plan, live, memory)
