@@ -5,7 +5,6 @@ refused, naming the field) nor have its plan or outcomes anywhere but A's prefix
 
 from __future__ import annotations
 
-import json
 import secrets
 from pathlib import Path
 from typing import Any
