@@ -123,3 +123,15 @@ def test_conditions_are_keyed_by_type(kube: Any) -> None:
         )
     )
     assert "Duplicate value" in message, message
+
+
+def test_stage_names_are_unique(kube: Any) -> None:
+    apply_crds(kube)
+    run = strict_yaml.load((ROOT / "examples" / "trainingrun.yaml").read_text())
+    run["spec"]["stages"].append(copy.deepcopy(run["spec"]["stages"][0]))
+    message = _refused(
+        lambda: kube.custom.create_namespaced_custom_object(
+            GROUP, VERSION, kube.namespace, "trainingruns", run
+        )
+    )
+    assert "spec.stages[3]" in message and "Duplicate value" in message, message

@@ -401,7 +401,12 @@ class TrainingRunSpec(_Spec):
 
     base_model: str = Field(min_length=1, description="Store URL or path of the starting weights.")
     tasks: list[str] = Field(min_length=1, description="Task selections used for data and rewards.")
-    stages: list[TrainingStage] = Field(min_length=1)
+    stages: list[TrainingStage] = Field(
+        min_length=1,
+        description="The stages, in order; each name once.",
+        # Keyed by name: the API server refuses two stages of one name (Duplicate value).
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
     held_out: HeldOutSpec = Field(default_factory=HeldOutSpec)
     evaluation: EvaluationSettings = Field(
         default_factory=EvaluationSettings, description="How rewards and held-out results are evaluated."
