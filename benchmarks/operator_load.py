@@ -1,20 +1,26 @@
 """Load benchmark of the operator against a real kube-apiserver (etcd) and MinIO on loopback.
 
-Two scenarios, each with a fresh `kernelfleet operator` process:
+Two scenarios, each with a fresh `kernelfleet operator` process, run for this checkout's operator
+and, with --baseline ROOT, for another checkout's (old and new side by side, on the same
+servers and machine, one after the other):
 
-1. one OptimizationJob of 10,000 tasks over four GPU classes: the time from apply to every Job
-   created (target: under 10 s), the API requests that took, the status patches per minute
-   while outcome records keep arriving in the store, and the operator's memory;
-2. 100 OptimizationJobs applied at once: the operator's memory (target: under 300 MB RSS) and
-   the reconcile latency, from each create to its `Accepted` condition and to its Jobs.
+1. one OptimizationJob of 10,000 tasks over four GPU classes: the time from apply to the Jobs
+   that have pods to run (one per class; target: under 10 s), then a minute in which the
+   h100 Job's indexes end one by one (the benchmark writes each index's outcome record and the
+   Job status the Job controller would write): store requests per reconcile pass, API
+   requests, status patches, memory;
+2. 100 OptimizationJobs of which 90 end (their Jobs marked Complete): in the minute after, the
+   operator's CPU seconds, store requests per minute and API requests (target: finished jobs
+   cost nothing), and its memory.
 
 No controller-manager runs, so no pods are made: the benchmark measures the operator, not the
 cluster. API requests are the API server's own count (`apiserver_request_total`) minus the
-benchmark's own requests, which it counts.
+benchmark's own requests, which it counts; store requests are MinIO's count
+(`minio_s3_requests_total`) minus the benchmark's own writes (a HEAD and a PUT each).
 
 Usage (servers from $KERNELFLEET_BIN_DIR, the build script's cache by default):
 
-    .venv/bin/python benchmarks/operator_load.py                  # both scenarios, writes results
+    .venv/bin/python benchmarks/operator_load.py --baseline /path/to/old/checkout
     .venv/bin/python benchmarks/operator_load.py --tasks 2000 --jobs 20   # quicker
 
 Results: operator_load-<date>.json in --out (benchmarks/results).
@@ -27,7 +33,6 @@ import json
 import os
 import platform
 import re
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -114,10 +119,19 @@ def rss_mb(pid: int) -> tuple[float, float]:
     return round(values.get("VmRSS", 0.0), 1), round(values.get("VmHWM", 0.0), 1)
 
 
+PACKAGES = ("core", "operator", "search", "evaluator", "trainer")
+
+
 def start_operator(
-    kubeconfig: Path, namespace: str, minio: Any, workdir: Path, interval: float
+    kubeconfig: Path, namespace: str, minio: Any, workdir: Path, interval: float, root: Path = ROOT
 ) -> tuple[subprocess.Popen[bytes], int]:
-    env = {**os.environ, "KUBECONFIG": str(kubeconfig), **minio.config()}
+    """`kernelfleet operator` of the checkout at `root` (its packages first on the path)."""
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(kubeconfig),
+        **minio.config(),
+        "PYTHONPATH": os.pathsep.join(str(root / package) for package in PACKAGES),
+    }
     log = open(workdir / f"operator-{namespace}.log", "wb")  # noqa: SIM115 - the child keeps it
     port = free_port()
     process = subprocess.Popen(
@@ -127,9 +141,37 @@ def start_operator(
             "--liveness", "none", "--metrics-host", "127.0.0.1", "--metrics-port", str(port),
             "--store", f"s3://{minio.bucket}/kf", f"--status-interval={interval}",
         ],
-        env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+        env=env, cwd=root, stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
     return process, port
+
+
+def store_requests(minio: Any) -> int:
+    """MinIO's count of S3 requests so far, all APIs (its metrics are public on this server)."""
+    import urllib.request
+
+    url = f"http://{minio.endpoint}/minio/v2/metrics/cluster"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    return int(
+        sum(float(m.group(1)) for m in re.finditer(r"^minio_s3_requests_total\{[^}]*\} (\S+)$", text, re.M))
+    )
+
+
+def complete_job(api: Api, namespace: str, name: str, indexes: int, done: int, started: str) -> None:
+    """What the Job controller writes when indexes 0..done-1 succeeded (all of them: Complete)."""
+    status: dict[str, Any] = {
+        "startTime": started,
+        "succeeded": done,
+        "completedIndexes": f"0-{done - 1}" if done > 1 else "0",
+    }
+    if done == indexes:
+        status["completionTime"] = started
+        status["conditions"] = [
+            {"type": t, "status": "True", "lastProbeTime": started, "lastTransitionTime": started}
+            for t in ("SuccessCriteriaMet", "Complete")
+        ]
+    api.call(api.batch.patch_namespaced_job_status, name, namespace, {"status": status})
 
 
 def operator_metric(port: int, name: str, **labels: str) -> float:
@@ -153,17 +195,28 @@ def namespace(api: Api, name: str) -> None:
     api.call(api.core.create_namespace, {"metadata": {"name": name}})
 
 
-def apply_crds(api: Api) -> None:
+def apply_crds(api: Api, root: Path = ROOT) -> None:
+    """The CRDs of the checkout at `root` (each operator gets its own version's schema),
+    replacing those there."""
     import yaml
+    from kubernetes.client.exceptions import ApiException
 
     for name in ("optimizationjobs.yaml", "trainingruns.yaml"):
-        api.call(
-            api.ext.create_custom_resource_definition, yaml.safe_load((ROOT / "crds" / name).read_text())
-        )
+        body = yaml.safe_load((root / "crds" / name).read_text())
+        try:
+            current = api.call(api.ext.read_custom_resource_definition, body["metadata"]["name"])
+        except ApiException as error:
+            if error.status != 404:
+                raise
+            api.call(api.ext.create_custom_resource_definition, body)
+            continue
+        body["metadata"]["resourceVersion"] = current.metadata.resource_version
+        api.call(api.ext.replace_custom_resource_definition, body["metadata"]["name"], body)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         crd = api.call(api.ext.read_custom_resource_definition, "optimizationjobs.kernelfleet.io")
         if any(c.type == "Established" and c.status == "True" for c in crd.status.conditions or []):
+            time.sleep(2)  # the API server's handlers take the new schema
             return
         time.sleep(0.2)
     raise RuntimeError("the CRD was never established")
@@ -187,178 +240,208 @@ def wait(what: str, check: Any, timeout: float, interval: float = 0.2) -> float:
     raise TimeoutError(f"{what} did not happen within {timeout} s")
 
 
-def big_job(api: Api, plane: Any, minio: Any, workdir: Path, tasks: int) -> dict[str, Any]:
-    ns = "load-big"
+def jobs_with_pods(api: Api, ns: str) -> list[dict[str, Any]]:
+    # Raw JSON: the client's models would cost the benchmark more CPU than the operator uses.
+    raw = api.call(api.batch.list_namespaced_job, ns, _preload_content=False)
+    return [j for j in json.loads(raw.data)["items"] if (j["spec"].get("parallelism") or 0) > 0]
+
+
+def big_job(
+    api: Api, plane: Any, minio: Any, workdir: Path, tasks: int, ns: str, root: Path, seconds: float
+) -> dict[str, Any]:
+    from kernelfleet.core.jobplan import JobPlan, Role, TaskChunk, chunk_key, outcome_key, plan_key
+
     namespace(api, ns)
     store = open_store(f"s3://{minio.bucket}", StoreConfig.from_env(minio.config()))
-    rows = [
-        json.dumps({"level": 1, "task_id": i, "name": f"scale{i}", "code": TASK.format(factor=i)})
-        for i in range(1, tasks + 1)
-    ]
-    store.put_bytes("load/tasks.jsonl", ("\n".join(rows) + "\n").encode())
-    operator, port = start_operator(plane.kubeconfig, ns, minio, workdir, interval=5.0)
+    operator, port = start_operator(plane.kubeconfig, ns, minio, workdir, interval=5.0, root=root)
     try:
         time.sleep(8)  # the operator's start (imports, login, first list): not part of the figure
         idle_rss, _ = rss_mb(operator.pid)
-        before = api.server_requests()
-        own_before = api.calls
+        before, own_before = api.server_requests(), api.calls
         api.call(api.custom.create_namespaced_custom_object, GROUP, VERSION, ns, "optimizationjobs",
                  job("big", [f"s3://{minio.bucket}/load/tasks.jsonl"], CLASSES))  # fmt: skip
-        expected = len(CLASSES) * -(-tasks // 2000)
-
-        def all_jobs() -> bool:
-            raw = api.call(api.batch.list_namespaced_job, ns, _preload_content=False)
-            return len(json.loads(raw.data)["items"]) >= expected
-
-        created_s = wait("all Jobs", all_jobs, timeout=300)
-        after = api.server_requests()
-        requests_to_jobs = after - before - (api.calls - own_before)
-        # Outcome records keep arriving for a minute; count the status patches that follow.
+        created_s = wait(
+            "a Job with pods per class", lambda: len(jobs_with_pods(api, ns)) >= len(CLASSES), timeout=300
+        )
+        requests_to_jobs = api.server_requests() - before - (api.calls - own_before)
+        jobs_created = len(
+            json.loads(api.call(api.batch.list_namespaced_job, ns, _preload_content=False).data)["items"]
+        )
         resource = api.call(
             api.custom.get_namespaced_custom_object, GROUP, VERSION, ns, "optimizationjobs", "big"
         )
-        prefix = f"kf/optimizationjobs/{ns}/big/{resource['metadata']['uid']}"
-        stop = threading.Event()
-
-        def produce() -> None:
-            number = 0
-            while not stop.is_set() and number < tasks:
-                outcome = {
-                    "task_hash": f"{number:064x}", "task_name": f"t{number}", "gpu_class": "h100",
-                    "role": "search", "ok": True, "best_speedup": 1.0 + number % 7 / 10, "variants": 3,
-                }  # fmt: skip
-                store.put_json(f"{prefix}/outcomes/search/h100/{number:016x}.json", outcome)
-                number += 1
-                time.sleep(0.02)
-
-        producer = threading.Thread(target=produce, daemon=True)
+        prefix = f"optimizationjobs/{ns}/big/{resource['metadata']['uid']}"
+        wait("the plan", lambda: store.exists(f"kf/{plan_key(prefix)}"), timeout=120)
+        plan = JobPlan.model_validate(store.get_json(f"kf/{plan_key(prefix)}"))
+        shard = next(
+            s for s in plan.shards if s.gpu_class == "h100" and s.role == Role.SEARCH and s.number == 0
+        )
+        chunk = TaskChunk.model_validate(store.get_json(f"kf/{chunk_key(plan.prefix, 0)}"))
+        hashes = [task.task().hash for task in chunk.tasks]
+        started = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        # A minute in which the h100 Job's indexes end one by one, each with its outcome record.
+        store_before, api_before, own_api = store_requests(minio), api.server_requests(), api.calls
+        reconciles_before = operator_metric(port, "reconciles_total", kind="OptimizationJob")
         patches_before = operator_metric(port, "status_patches_total")
-        minute_start = time.monotonic()
-        producer.start()
+        own_store, done = 0, 0
         rss_samples = []
-        while time.monotonic() - minute_start < 60:
+        minute_start = time.monotonic()
+        while time.monotonic() - minute_start < seconds and done < min(len(hashes), shard.completions):
+            task_hash = hashes[done]
+            outcome = {
+                "task_hash": task_hash, "task_name": f"scale{done + 1}", "gpu_class": "h100",
+                "role": "search", "ok": True, "best_speedup": 1.0 + done % 7 / 10, "variants": 3,
+            }  # fmt: skip
+            store.put_json(f"kf/{outcome_key(plan.prefix, Role.SEARCH, 'h100', task_hash)}", outcome)
+            own_store += 2  # a HEAD and a PUT
+            done += 1
+            complete_job(api, ns, shard.job_name, shard.completions, done, started)
             rss_samples.append(rss_mb(operator.pid)[0])
-            time.sleep(2)
-        stop.set()
-        producer.join()
-        patches = operator_metric(port, "status_patches_total") - patches_before
+            time.sleep(1.0)
+        time.sleep(6)  # one more pass sees the last index
+        passes = operator_metric(port, "reconciles_total", kind="OptimizationJob") - reconciles_before
+        store_used = store_requests(minio) - store_before - own_store
+        api_used = api.server_requests() - api_before - (api.calls - own_api)
+        status = api.call(
+            api.custom.get_namespaced_custom_object, GROUP, VERSION, ns, "optimizationjobs", "big"
+        )
         rss, peak = rss_mb(operator.pid)
-        total_requests = api.server_requests() - before - (api.calls - own_before)
         return {
             "tasks": tasks,
             "classes": len(CLASSES),
-            "jobs_created": expected,
-            "apply_to_all_jobs_s": round(created_s, 2),
-            "api_requests_apply_to_all_jobs": requests_to_jobs,
-            "api_requests_including_the_minute_after": total_requests,
-            "status_patches_per_minute": int(patches),
-            "operator_api_requests_by_verb": {
-                verb: int(operator_metric(port, "api_requests_total", verb=verb))
-                for verb in ("GET", "POST", "PATCH", "DELETE")
-            },
+            "jobs_created_at_start": jobs_created,
+            "apply_to_jobs_with_pods_s": round(created_s, 2),
+            "api_requests_apply_to_jobs_with_pods": requests_to_jobs,
+            "indexes_ended_in_the_minute": done,
+            "tasks_done_in_status": status.get("status", {}).get("tasksDone"),
+            "reconcile_passes_in_the_minute": int(passes),
+            "store_requests_in_the_minute": store_used,
+            "store_requests_per_pass": round(store_used / passes, 2) if passes else None,
+            "api_requests_in_the_minute": api_used,
+            "status_patches_in_the_minute": int(
+                operator_metric(port, "status_patches_total") - patches_before
+            ),
             "operator_rss_idle_mb": idle_rss,
             "operator_rss_mb": rss,
             "operator_rss_peak_mb": peak,
-            "operator_rss_max_during_minute_mb": max(rss_samples),
+            "operator_rss_max_during_minute_mb": max(rss_samples) if rss_samples else None,
         }
     finally:
         operator.terminate()
         operator.wait(timeout=60)
 
 
-def many_jobs(api: Api, plane: Any, minio: Any, workdir: Path, count: int) -> dict[str, Any]:
-    ns = "load-many"
+def many_jobs(
+    api: Api, plane: Any, minio: Any, workdir: Path, count: int, ns: str, root: Path, seconds: float
+) -> dict[str, Any]:
     namespace(api, ns)
-    operator, _ = start_operator(plane.kubeconfig, ns, minio, workdir, interval=5.0)
+    operator, port = start_operator(plane.kubeconfig, ns, minio, workdir, interval=5.0, root=root)
     try:
         time.sleep(8)
         idle_rss, _ = rss_mb(operator.pid)
-        cpu_before = cpu_seconds(operator.pid)
-        started = time.monotonic()
-        created: dict[str, float] = {}
-        for number in range(count):
-            name = f"job-{number:03d}"
-            created[name] = time.monotonic()
-            api.call(api.custom.create_namespaced_custom_object, GROUP, VERSION, ns, "optimizationjobs",
-                     job(name, [f"kernelbench-v0:1:{1 + number % 90}-{10 + number % 90}"],
-                         ["h100"]))  # fmt: skip
-        accepted: dict[str, float] = {}
-        with_jobs: dict[str, float] = {}
-        deadline = time.monotonic() + 600
-        rss_samples = []
-        while (len(accepted) < count or len(with_jobs) < count) and time.monotonic() < deadline:
+        names = [f"job-{number:03d}" for number in range(count)]
+        for number, name in enumerate(names):
+            tasks = [f"kernelbench-v0:1:{1 + number % 90}-{10 + number % 90}"]
+            api.call(
+                api.custom.create_namespaced_custom_object, GROUP, VERSION, ns, "optimizationjobs",
+                job(name, tasks, ["h100"]),
+            )  # fmt: skip
+
+        def owners() -> dict[str, dict[str, Any]]:
+            raw = api.call(api.batch.list_namespaced_job, ns, _preload_content=False)
+            return {
+                j["metadata"]["labels"].get("kernelfleet.io/optimizationjob"): j
+                for j in json.loads(raw.data)["items"]
+            }
+
+        wait("every resource's Job", lambda: set(names) <= set(owners()), timeout=600, interval=1.0)
+        finished = names[: count * 9 // 10]
+        started = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        jobs = owners()
+        for name in finished:
+            indexes = jobs[name]["spec"]["completions"]
+            complete_job(api, ns, jobs[name]["metadata"]["name"], indexes, indexes, started)
+
+        def all_ended() -> bool:
             items = api.call(
                 api.custom.list_namespaced_custom_object, GROUP, VERSION, ns, "optimizationjobs"
             )["items"]
-            now = time.monotonic()
-            for item in items:
-                name = item["metadata"]["name"]
-                conditions = {c["type"]: c["status"] for c in item.get("status", {}).get("conditions") or []}
-                if conditions.get("Accepted") == "True":
-                    accepted.setdefault(name, now - created[name])
-            # Raw JSON: the client's models would cost the benchmark more CPU than the operator uses.
-            raw = api.call(api.batch.list_namespaced_job, ns, _preload_content=False)
-            for j in json.loads(raw.data)["items"]:
-                owner = j["metadata"]["labels"].get("kernelfleet.io/optimizationjob")
-                if owner in created:
-                    with_jobs.setdefault(owner, now - created[owner])
-            rss_samples.append(rss_mb(operator.pid)[0])
-            time.sleep(0.5)
-        creating_s = max(created.values()) - started
-        all_done_s = time.monotonic() - started
-        cpu_reconciling = cpu_seconds(operator.pid) - cpu_before
-        time.sleep(30)  # steady state: every resource's timer running
-        cpu_steady = cpu_seconds(operator.pid) - cpu_before - cpu_reconciling
+            ended = {
+                i["metadata"]["name"]
+                for i in items
+                if i.get("status", {}).get("phase") in ("Succeeded", "Failed")
+            }
+            return set(finished) <= ended
+
+        wait("the finished jobs to end", all_ended, timeout=600, interval=1.0)
+        time.sleep(6)  # their last pass
+        cpu_before = cpu_seconds(operator.pid)
+        store_before, api_before, own_api = store_requests(minio), api.server_requests(), api.calls
+        reconciles_before = operator_metric(port, "reconciles_total", kind="OptimizationJob")
+        time.sleep(seconds)
+        cpu = cpu_seconds(operator.pid) - cpu_before
+        store_used = store_requests(minio) - store_before
+        api_used = api.server_requests() - api_before - (api.calls - own_api)
+        passes = operator_metric(port, "reconciles_total", kind="OptimizationJob") - reconciles_before
         rss, peak = rss_mb(operator.pid)
-        latencies = sorted(accepted.values())
-        job_latencies = sorted(with_jobs.values())
+        per_minute = 60.0 / seconds
         return {
             "resources": count,
-            "accepted": len(accepted),
-            "with_jobs": len(with_jobs),
-            "seconds_to_create_them": round(creating_s, 2),
-            "seconds_until_all_accepted_with_jobs": round(all_done_s, 2),
-            "operator_cpu_s_until_then": round(cpu_reconciling, 2),
-            "operator_cpu_s_per_30s_steady": round(cpu_steady, 2),
-            "accepted_latency_s": _stats(latencies),
-            "jobs_latency_s": _stats(job_latencies),
+            "finished": len(finished),
+            "measured_seconds": seconds,
+            "operator_cpu_s_per_minute": round(cpu * per_minute, 2),
+            "store_requests_per_minute": round(store_used * per_minute, 1),
+            "api_requests_per_minute": round(api_used * per_minute, 1),
+            "reconcile_passes_per_minute": round(passes * per_minute, 1),
             "operator_rss_idle_mb": idle_rss,
-            "operator_rss_steady_mb": rss,
+            "operator_rss_mb": rss,
             "operator_rss_peak_mb": peak,
-            "operator_rss_max_while_reconciling_mb": max(rss_samples) if rss_samples else None,
         }
     finally:
         operator.terminate()
         operator.wait(timeout=60)
-
-
-def _stats(values: list[float]) -> dict[str, float | None]:
-    if not values:
-        return {"median": None, "p95": None, "max": None}
-    return {
-        "median": round(statistics.median(values), 2),
-        "p95": round(values[min(len(values) - 1, int(0.95 * len(values)))], 2),
-        "max": round(values[-1], 2),
-    }
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=10_000)
     parser.add_argument("--jobs", type=int, default=100)
+    parser.add_argument("--seconds", type=float, default=60.0, help="length of each measured window")
+    parser.add_argument(
+        "--baseline", type=Path, default=None, help="another checkout whose operator runs the same scenarios"
+    )
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"), help="results folder")
     parser.add_argument("--keep", action="store_true", help="keep the servers' and operators' logs")
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="kernelfleet-operator-load-"))
     plane = ControlPlane.start(workdir / "kube")
-    server = MinioServer(workdir / "minio")
+    server = MinioServer(workdir / "minio", public_metrics=True)
     server.start()
+    operators = {**({"baseline": args.baseline.resolve()} if args.baseline else {}), "this": ROOT}
+    results: dict[str, Any] = {}
     try:
         minio = fresh_bucket(server)
         api = Api(plane.kubeconfig)
-        apply_crds(api)
-        big = big_job(api, plane, minio, workdir, args.tasks)
-        many = many_jobs(api, plane, minio, workdir, args.jobs)
+        store = open_store(f"s3://{minio.bucket}", StoreConfig.from_env(minio.config()))
+        rows = [
+            json.dumps({"level": 1, "task_id": i, "name": f"scale{i}", "code": TASK.format(factor=i)})
+            for i in range(1, args.tasks + 1)
+        ]
+        store.put_bytes("load/tasks.jsonl", ("\n".join(rows) + "\n").encode())
+        for label, root in operators.items():
+            apply_crds(api, root)
+            results[label] = {
+                "checkout": str(root),
+                "commit": subprocess.run(
+                    ["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+                ).stdout.strip(),
+                "one_big_job": big_job(
+                    api, plane, minio, workdir, args.tasks, f"big-{label}", root, args.seconds
+                ),
+                "many_jobs_90_finished": many_jobs(
+                    api, plane, minio, workdir, args.jobs, f"many-{label}", root, args.seconds
+                ),
+            }
     finally:
         server.stop()
         plane.stop()
@@ -366,8 +449,7 @@ def main() -> int:
         "date": datetime.now(UTC).strftime("%Y-%m-%d"),
         "machine": f"{os.cpu_count()} CPUs, {platform.machine()}, Python {platform.python_version()}",
         "load_average_at_end": os.getloadavg(),
-        "one_big_job": big,
-        "many_jobs": many,
+        **results,
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

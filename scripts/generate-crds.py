@@ -69,6 +69,44 @@ def schema_of(model: type[BaseModel]) -> dict[str, Any]:
     return dict(_structural(raw, raw.get("$defs", {})))
 
 
+def immutability_rules(spec: type[BaseModel], schema: dict[str, Any]) -> list[dict[str, Any]]:
+    """A CEL transition rule per spec field outside the model's MUTABLE list: the API server
+    refuses an update that changes it (or adds or removes it), naming the field."""
+    mutable = getattr(spec, "MUTABLE", None)
+    if mutable is None:
+        return []
+    allowed = ", ".join(f"spec.{name}" for name in mutable)
+    present = set(schema.get("required", [])) | {n for n, p in schema["properties"].items() if "default" in p}
+
+    def unchanged(name: str) -> str:
+        if name in present:
+            return f"self.{name} == oldSelf.{name}"
+        # Optional without a default: absent in both, or present in both and equal.
+        return (
+            f"has(self.{name}) == has(oldSelf.{name}) && (!has(self.{name}) || self.{name} == oldSelf.{name})"
+        )
+
+    return [
+        resources.rule(
+            unchanged(name),
+            f"spec.{name} cannot be changed once the resource exists (only {allowed} can): create a new one",
+            f".{name}",
+            "FieldValueForbidden",
+        )
+        for name in schema["properties"]
+        if name not in mutable
+    ]
+
+
+def key_conditions_by_type(status_schema: dict[str, Any]) -> None:
+    """Conditions are a map keyed by type (as metav1.Condition lists are): one entry per type,
+    merged by type under server-side apply."""
+    conditions = status_schema.get("properties", {}).get("conditions")
+    if conditions is not None:
+        conditions["x-kubernetes-list-type"] = "map"
+        conditions["x-kubernetes-list-map-keys"] = ["type"]
+
+
 def crd(
     kind: str,
     plural: str,
@@ -80,6 +118,10 @@ def crd(
     spec_schema, status_schema = schema_of(spec), schema_of(status)
     spec_schema.pop("description", None)
     status_schema.pop("description", None)
+    rules = [*spec_schema.get("x-kubernetes-validations", []), *immutability_rules(spec, spec_schema)]
+    if rules:
+        spec_schema["x-kubernetes-validations"] = rules
+    key_conditions_by_type(status_schema)
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",

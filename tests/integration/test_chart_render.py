@@ -171,6 +171,7 @@ def test_pools_configmap_maps_each_class_to_gfd_products_and_the_gpu_toleration(
             "nodeSelector": {},
             "tolerations": [GPU_TOLERATION],
             "gpuResource": "nvidia.com/gpu",
+            "requests": {"cpu": "2", "memory": "8Gi"},
         }, name
 
 
@@ -189,6 +190,8 @@ def test_users_add_replace_and_remove_pool_classes(helm_env: dict[str, str]) -> 
         'pools.classes.h100.products=["NVIDIA-H100-NVL"]',
         "--set",
         "pools.classes.a100.gpuResource=nvidia.com/mig-3g.40gb",
+        "--set",
+        "pools.classes.l40.requests.memory=32Gi",
     )
     classes = pools(docs)["classes"]
     assert set(classes) == {"a100", "b200", "h100", "l40"}
@@ -198,6 +201,8 @@ def test_users_add_replace_and_remove_pool_classes(helm_env: dict[str, str]) -> 
     assert classes["h100"]["products"] == ["NVIDIA-H100-NVL"]
     assert classes["a100"]["gpuResource"] == "nvidia.com/mig-3g.40gb"
     assert classes["l40"]["tolerations"] == [GPU_TOLERATION]
+    assert classes["l40"]["requests"] == {"cpu": "2", "memory": "32Gi"}  # the other stays the default
+    assert classes["h100"]["requests"] == {"cpu": "2", "memory": "8Gi"}
 
 
 def test_a_changed_pool_restarts_the_operator(helm_env: dict[str, str]) -> None:
@@ -241,10 +246,10 @@ def test_operator_is_one_kopf_process_that_never_overlaps_itself(helm_env: dict[
     assert container["command"] == [
         "kernelfleet",
         "operator",
-        "--all-namespaces",
         "--pools=/etc/kernelfleet/pools.yaml",
         "--liveness=http://0.0.0.0:8080/healthz",
         "--metrics-port=9090",
+        "--all-namespaces",
     ]
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
     assert {"name": "health", "containerPort": 8080, "protocol": "TCP"} in container["ports"]
@@ -273,6 +278,7 @@ def test_operator_command_and_arguments_are_values(helm_env: dict[str, str]) -> 
         "--namespace=team-a",
         "-m",
         "my.handlers",
+        "--all-namespaces",
         "--verbose",
     ]
 
@@ -358,31 +364,30 @@ def _rules(role: dict[str, Any]) -> dict[tuple[str, str], set[str]]:
     return rules
 
 
-def test_operator_rbac_is_least_privilege(helm_env: dict[str, str]) -> None:
+def _triples(role: dict[str, Any]) -> set[tuple[str, str, str]]:
+    return {(verb, group, resource) for (group, resource), verbs in _rules(role).items() for verb in verbs}
+
+
+def test_operator_rbac_is_exactly_what_the_code_uses(helm_env: dict[str, str]) -> None:
+    """Least privilege: the ClusterRole grants the verbs the operator's code calls (read from
+    the code by tests/support/rbac.py) and kopf's handlers need, and nothing else."""
+    from tests.support.rbac import code_permissions, kopf_permissions
+
+    calls, unresolved = code_permissions()
+    assert unresolved == [], "API calls whose path the test cannot follow"
+    # Creating Jobs owned (blockOwnerDeletion) by a resource needs update on its finalizers
+    # where the OwnerReferencesPermissionEnforcement admission plugin is on.
+    owners = {
+        ("update", "kernelfleet.io", f"{plural}/finalizers")
+        for plural in ("optimizationjobs", "trainingruns")
+    }
     docs = render(helm_env)
     role = find(docs, "ClusterRole", FULLNAME)
     assert "*" not in list(walk(role["rules"]))
-    read = {"get", "list", "watch"}
-    assert _rules(role) == {
-        ("kernelfleet.io", "optimizationjobs"): read | {"patch", "update"},
-        ("kernelfleet.io", "trainingruns"): read | {"patch", "update"},
-        ("kernelfleet.io", "optimizationjobs/status"): {"get", "patch", "update"},
-        ("kernelfleet.io", "trainingruns/status"): {"get", "patch", "update"},
-        ("kernelfleet.io", "optimizationjobs/finalizers"): {"update"},
-        ("kernelfleet.io", "trainingruns/finalizers"): {"update"},
-        ("batch", "jobs"): read | {"create", "patch", "delete"},
-        ("", "pods"): read,
-        ("", "events"): {"create", "patch"},
-        ("events.k8s.io", "events"): {"create", "patch"},
-        ("", "configmaps"): read,
-        ("", "secrets"): {"get", "create"},
-        ("jobset.x-k8s.io", "jobsets"): read | {"create", "patch", "delete"},
-        ("", "nodes"): {"get", "list"},
-        ("kopf.dev", "clusterkopfpeerings"): read | {"patch", "create"},
-        ("kopf.dev", "kopfpeerings"): read | {"patch", "create"},
-        ("apiextensions.k8s.io", "customresourcedefinitions"): read,
-        ("", "namespaces"): read,
-    }
+    granted = _triples(role)
+    needed = calls | kopf_permissions() | owners
+    assert needed - granted == set(), "the code needs these and the chart does not grant them"
+    assert granted - needed == set(), "the chart grants these and nothing uses them"
     binding = find(docs, "ClusterRoleBinding", FULLNAME)
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",
@@ -390,6 +395,32 @@ def test_operator_rbac_is_least_privilege(helm_env: dict[str, str]) -> None:
         "name": FULLNAME,
     }
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": FULLNAME, "namespace": NAMESPACE}]
+
+
+def test_watch_namespaces_gives_a_role_per_namespace_and_only_cluster_reads_cluster_wide(
+    helm_env: dict[str, str],
+) -> None:
+    docs = render(helm_env, "--set-json", 'watchNamespaces=["team-a","team-b"]')
+    command = operator_container(docs)["command"]
+    assert "--all-namespaces" not in command
+    assert command[-2:] == ["--namespace=team-a", "--namespace=team-b"]
+    cluster_wide = _rules(find(docs, "ClusterRole", FULLNAME))
+    assert cluster_wide == {
+        ("", "nodes"): {"list"},
+        ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
+    }
+    everywhere = _rules(find(render(helm_env), "ClusterRole", FULLNAME))
+    for namespace in ("team-a", "team-b"):
+        (role,) = [d for d in docs if d["kind"] == "Role" and d["metadata"]["namespace"] == namespace]
+        rules = _rules(role)
+        assert rules[("batch", "jobs")] == everywhere[("batch", "jobs")]
+        assert rules[("kopf.dev", "kopfpeerings")] == everywhere[("kopf.dev", "kopfpeerings")]
+        assert ("", "namespaces") not in rules and ("", "nodes") not in rules
+        (binding,) = [
+            d for d in docs if d["kind"] == "RoleBinding" and d["metadata"]["namespace"] == namespace
+        ]
+        assert binding["roleRef"]["kind"] == "Role"
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": FULLNAME, "namespace": NAMESPACE}]
 
 
 def test_users_get_job_rights_through_the_default_roles(helm_env: dict[str, str]) -> None:

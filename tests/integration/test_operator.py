@@ -30,6 +30,7 @@ from tests.support.operator import (
     jobs_of,
     optimization_job,
     read,
+    settle,
     store_secret,
     wait_condition,
 )
@@ -101,9 +102,11 @@ def test_operator_plans_and_creates_exactly_the_planned_jobs(operator: Any, kube
     resource = wait_condition(kube, "five", "Accepted", timeout=WAIT_S)
     plan = _plan(minio, resource)
     assert plan.tasks_total == 5
-    # Five tasks, three indexes per Job at most: two shards per class.
-    expected = {s.job_name for s in plan.shards}
-    assert len(expected) == 4
+    # Five tasks, three indexes per Job at most: two shards per class. The class's two pods all
+    # go to its first shard, so only the first shard's Job exists yet: the second is created
+    # once the first needs fewer pods (a Job's parallelism is never changed after creation).
+    assert len(plan.shards) == 4
+    expected = {s.job_name for s in plan.shards if s.number == 0}
 
     def all_jobs() -> list[Any]:
         jobs = jobs_of(kube, "five")
@@ -115,18 +118,15 @@ def test_operator_plans_and_creates_exactly_the_planned_jobs(operator: Any, kube
         (owner,) = job.metadata.owner_references
         assert (owner.kind, owner.name, owner.uid, owner.controller) == ("OptimizationJob", "five", uid, True)
         assert job.spec.completion_mode == "Indexed"
-        assert job.spec.ttl_seconds_after_finished == 3600
+        assert job.spec.parallelism == 2
+        # The TTL applies to the resource, which deletes its Jobs with it.
+        assert job.spec.ttl_seconds_after_finished is None
         pod = job.spec.template.spec
         assert pod.automount_service_account_token is False
         assert pod.containers[0].security_context.read_only_root_filesystem is True
+        assert pod.containers[0].resources.requests == {"cpu": "2", "memory": "8Gi"}
         gpu_class = job.metadata.labels["kernelfleet.io/gpu-class"]
         assert job.spec.template.metadata.labels["kernelfleet.io/gpu-class"] == gpu_class
-    # The class's two pods go to its first shard; the second waits for capacity.
-    by_shard = {
-        (j.metadata.labels["kernelfleet.io/gpu-class"], j.metadata.labels["kernelfleet.io/shard"]): j
-        for j in jobs
-    }
-    assert by_shard[("h100", "0")].spec.parallelism == 2 and by_shard[("h100", "1")].spec.parallelism == 0
     assert resource["status"]["results"].endswith(f"kf/{job_prefix(kube.namespace, 'five', uid)}")
 
 
@@ -164,8 +164,10 @@ def test_sigkill_mid_job_and_restart_converges_with_no_duplicate(
     operator.start()
     for name in ("k1", "k2", "k3"):
         resource = wait_condition(kube, name, "Accepted", timeout=WAIT_S)
-        expected = sorted(s.job_name for s in _plan(minio, resource).shards)
-        assert len(expected) == 6  # 7 tasks, 3 indexes a Job, 2 classes
+        shards = _plan(minio, resource).shards
+        assert len(shards) == 6  # 7 tasks, 3 indexes a Job, 2 classes
+        # One pod per class: each class's first shard has it, the others wait for it.
+        expected = sorted(s.job_name for s in shards if s.number == 0)
 
         def complete(name: str = name, expected: list[str] = expected) -> bool:
             return sorted(j.metadata.name for j in jobs_of(kube, name)) == expected
@@ -176,7 +178,7 @@ def test_sigkill_mid_job_and_restart_converges_with_no_duplicate(
     store = _store(minio)
     plans = [k for k in store.list("optimizationjobs/") if k.endswith("/plan.json")]
     assert len([p for p in plans if f"/{kube.namespace}/" in p]) == 3
-    assert len(kube.batch.list_namespaced_job(kube.namespace).items) == 18
+    assert len(kube.batch.list_namespaced_job(kube.namespace).items) == 6
     assert operator.starts == 2
 
 
@@ -205,6 +207,72 @@ def test_kueue_jobs_are_created_suspended_with_the_queue_label(operator: Any, ku
     (job,) = wait_for("the Job", lambda: jobs_of(kube, "queued"), timeout=WAIT_S)
     assert job.spec.suspend is True
     assert job.metadata.labels["kueue.x-k8s.io/queue-name"] == "gpus"
+    # No Kueue on this API server: the admission condition says so, naming the field.
+    resource = wait_condition(kube, "queued", "Admitted", status="False", timeout=WAIT_S)
+    admitted = condition(resource, "Admitted") or {}
+    assert admitted["reason"] == "KueueNotInstalled" and "spec.queueName" in admitted["message"]
+
+
+def test_a_child_job_deleted_while_running_is_created_again(operator: Any, kube: Any) -> None:
+    create(kube, optimization_job("again", tasks=["kernelbench-v0:1:1-2"], gpuClasses=["h100"]))
+    (first,) = wait_for("the Job", lambda: jobs_of(kube, "again"), timeout=WAIT_S)
+    # As kubectl deletes (background propagation: no garbage collector runs in this tier to
+    # take an orphan finalizer off).
+    kube.batch.delete_namespaced_job(first.metadata.name, kube.namespace, propagation_policy="Background")
+    (second,) = wait_for(
+        "the Job created again",
+        lambda: [j for j in jobs_of(kube, "again") if j.metadata.uid != first.metadata.uid],
+        timeout=WAIT_S,
+    )
+    assert second.metadata.name == first.metadata.name
+
+
+def test_the_deadline_bounds_the_whole_job(operator: Any, kube: Any) -> None:
+    create(
+        kube,
+        optimization_job(
+            "late", tasks=["kernelbench-v0:1:1-2"], gpuClasses=["h100"], activeDeadlineSeconds=3
+        ),
+    )
+    wait_for("the Job", lambda: jobs_of(kube, "late"), timeout=WAIT_S)
+    resource = wait_condition(kube, "late", "Failed", timeout=WAIT_S)
+    failed = condition(resource, "Failed") or {}
+    assert failed["reason"] == "DeadlineExceeded" and "spec.activeDeadlineSeconds" in failed["message"]
+    assert resource["status"]["phase"] == "Failed" and resource["status"]["completionTime"]
+    # Its Jobs are deleted (no garbage collector runs in this tier: their pods would go with them).
+    wait_for("the Jobs to be deleted", lambda: not jobs_of(kube, "late"), timeout=WAIT_S)
+
+
+def test_a_finished_job_is_no_longer_reconciled_and_its_ttl_deletes_it(
+    operator: Any, kube: Any, minio: Any
+) -> None:
+    create(kube, optimization_job("brief", tasks=["kernelbench-v0:1:1"], gpuClasses=["h100"]))
+    (job,) = wait_for("the Job", lambda: jobs_of(kube, "brief"), timeout=WAIT_S)
+    _complete(kube, job.metadata.name, 1)
+    done = wait_condition(kube, "brief", "Complete", timeout=WAIT_S)
+    passes = _reconciles(operator)
+    settle(4.0)  # four status intervals of this operator: a running job would be reconciled four times
+    assert _reconciles(operator) == passes
+    assert read(kube, "brief")["metadata"]["resourceVersion"] == done["metadata"]["resourceVersion"]
+    kube.custom.patch_namespaced_custom_object(
+        GROUP, VERSION, kube.namespace, "optimizationjobs", "brief", {"spec": {"ttlSecondsAfterFinished": 1}}
+    )
+
+    def gone() -> bool:
+        try:
+            read(kube, "brief")
+        except ApiException as error:
+            return error.status == 404
+        return False
+
+    wait_for("the resource to be deleted after its TTL", gone, timeout=WAIT_S)
+
+
+def _reconciles(operator: Any) -> float:
+    for line in operator.metrics().splitlines():
+        if line.startswith("kernelfleet_operator_reconciles_total") and 'kind="OptimizationJob"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
 
 
 def _complete(kube: Any, job_name: str, indexes: int) -> None:

@@ -135,7 +135,8 @@ The operator gets every field resolved, so it never merges defaults itself.
     "products" $products
     "nodeSelector" $nodeSelector
     "tolerations" (ternary $class.tolerations $pools.tolerations (hasKey $class "tolerations"))
-    "gpuResource" (default $pools.gpuResource $class.gpuResource) }}
+    "gpuResource" (default $pools.gpuResource $class.gpuResource)
+    "requests" (merge (dict) (default (dict) $class.requests) (default (dict) $pools.requests)) }}
 {{- toYaml $resolved }}
 {{- end }}
 

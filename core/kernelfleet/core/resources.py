@@ -12,9 +12,9 @@ configuration over unchanged.
 from __future__ import annotations
 
 import enum
-from typing import Annotated
+from typing import Annotated, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 from pydantic.alias_generators import to_camel
 
 from kernelfleet.core.settings import Budget, EvaluationProfile, EvaluationSettings
@@ -24,6 +24,7 @@ VERSION = "v1alpha1"
 
 __all__ = [
     "GROUP",
+    "MULTIKUEUE",
     "VERSION",
     "Budget",
     "ClassStatus",
@@ -50,6 +51,21 @@ __all__ = [
 ]
 
 GpuClassName = Annotated[str, Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=40)]
+TaskSelection = Annotated[str, Field(min_length=1, max_length=2048)]
+# A controller name as batch/v1 Job's spec.managedBy takes it: a domain-prefixed path.
+MANAGED_BY_PATTERN = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[A-Za-z0-9._~-]+)?$"
+MULTIKUEUE = "kueue.x-k8s.io/multikueue"
+
+
+def rule(
+    expression: str, message: str, field_path: str = "", reason: str = "FieldValueInvalid"
+) -> dict[str, JsonValue]:
+    """A CEL validation rule of the CRD (x-kubernetes-validations), checked by the API server at
+    admission, so a bad spec is refused with a message that names the field."""
+    found: dict[str, JsonValue] = {"rule": expression, "message": message, "reason": reason}
+    if field_path:
+        found["fieldPath"] = field_path
+    return found
 
 
 class _Spec(BaseModel):
@@ -67,6 +83,31 @@ class PolicyKind(enum.StrEnum):
 class PolicySpec(_Spec):
     """One policy that proposes variants. Several can be combined in one job."""
 
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                rule(
+                    "self.kind != 'openai' || (has(self.model) && self.model != '')",
+                    "an openai policy needs model (the model name the endpoint serves)",
+                    ".model",
+                    "FieldValueRequired",
+                ),
+                rule(
+                    "self.kind != 'openai' || (has(self.baseUrl) && self.baseUrl != '')",
+                    "an openai policy needs baseUrl (the endpoint, e.g. http://vllm:8000/v1)",
+                    ".baseUrl",
+                    "FieldValueRequired",
+                ),
+                rule(
+                    "self.kind != 'replay' || (has(self.path) && self.path != '')",
+                    "a replay policy needs path (the store URL of a JSONL file)",
+                    ".path",
+                    "FieldValueRequired",
+                ),
+            ]
+        }
+    )
+
     kind: PolicyKind = Field(description="openai, hf, vllm, replay or compile.")
     model: str = Field(default="", description="Model name (openai) or path/URL of weights (hf, vllm).")
     base_url: str = Field(default="", description="OpenAI-compatible endpoint, e.g. http://vllm:8000/v1.")
@@ -77,34 +118,53 @@ class PolicySpec(_Spec):
 
 
 class OptimizationJobSpec(_Spec):
-    """What to optimise, where, with which policy and budget."""
+    """What to optimise, where, with which policy and budget.
 
-    tasks: list[str] = Field(
+    The spec is fixed once created, except the fields in MUTABLE: the plan (tasks, classes,
+    shards, parallelism) is made once, and Kueue admits each Job for the pod count it was
+    created with. The CRD refuses any other change (CEL rules generated from this list).
+    """
+
+    MUTABLE: ClassVar[tuple[str, ...]] = ("suspend", "ttlSecondsAfterFinished", "activeDeadlineSeconds")
+
+    tasks: list[TaskSelection] = Field(
         min_length=1,
+        max_length=1000,
         description="Task selections: 'kernelbench-v0:1:1-20', or a store URL prefix holding task files.",
     )
     gpu_classes: list[GpuClassName] = Field(
-        default=["h100"], min_length=1, description="Pools to run on: a100, h100, l40, rtx3090, ..."
+        default=["h100"],
+        min_length=1,
+        max_length=16,
+        description="Pools to run on: a100, h100, l40, rtx3090, ... (each once).",
+        json_schema_extra={"x-kubernetes-list-type": "set"},
     )
     policies: list[PolicySpec] = Field(
         default=[PolicySpec(kind=PolicyKind.COMPILE)],
         min_length=1,
+        max_length=16,
         description="Policies that propose variants.",
     )
     budget: Budget = Field(default_factory=Budget, description="When the search stops; see Budget.")
     evaluation: EvaluationSettings = Field(
         default_factory=EvaluationSettings, description="What an evaluation measures and how strictly."
     )
-    parallelism: int = Field(default=1, ge=1, le=1024, description="Worker pods per GPU class.")
+    parallelism: int = Field(
+        default=1, ge=1, le=1024, description="Worker pods per GPU class (fixed once created)."
+    )
     gpus_per_pod: int = Field(default=1, ge=1, le=8)
-    store: str = Field(default="", description="Store URL; empty means the operator's configured store.")
+    store: str = Field(
+        default="", max_length=2048, description="Store URL; empty means the operator's configured store."
+    )
     suspend: bool = Field(
-        default=False, description="Pause: no new pods; running ones stop and resume later from the store."
+        default=False,
+        description="Pause: no new pods; running ones stop and resume later from the store. Mutable.",
     )
     verify_on: list[GpuClassName] = Field(
         default_factory=list,
         max_length=16,
         description="After the search, re-verify and re-time each task's best variant on these classes.",
+        json_schema_extra={"x-kubernetes-list-type": "set"},
     )
     queue_name: str = Field(
         default="",
@@ -121,11 +181,24 @@ class OptimizationJobSpec(_Spec):
     backoff_limit_per_index: int = Field(
         default=2, ge=0, le=100, description="Retries of a failed pod (per completion index)."
     )
+    managed_by: str = Field(
+        default="",
+        max_length=63,
+        pattern=MANAGED_BY_PATTERN,
+        description="spec.managedBy of the child Jobs: kueue.x-k8s.io/multikueue lets MultiKueue run them "
+        "on a worker cluster; empty: this cluster's Job controller.",
+    )
     ttl_seconds_after_finished: int | None = Field(
-        default=None, ge=0, description="Delete finished Jobs (not the results) after this long."
+        default=None,
+        ge=0,
+        description="Seconds after the job ends (Complete or Failed) when the resource and its Jobs are "
+        "deleted; the results stay in the store. Null: kept until deleted. Mutable.",
     )
     active_deadline_seconds: int | None = Field(
-        default=None, ge=1, description="Fail each Job that runs longer than this."
+        default=None,
+        ge=1,
+        description="Seconds from the job's start after which it is failed (reason DeadlineExceeded) and "
+        "its pods stop; what was measured stays. Null: no limit. Mutable.",
     )
 
 
@@ -375,7 +448,12 @@ class TrainingRunSpec(_Spec):
 
     base_model: str = Field(min_length=1, description="Store URL or path of the starting weights.")
     tasks: list[str] = Field(min_length=1, description="Task selections used for data and rewards.")
-    stages: list[TrainingStage] = Field(min_length=1)
+    stages: list[TrainingStage] = Field(
+        min_length=1,
+        description="The stages, in order; each name once.",
+        # Keyed by name: the API server refuses two stages of one name (Duplicate value).
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
     held_out: HeldOutSpec = Field(default_factory=HeldOutSpec)
     evaluation: EvaluationSettings = Field(
         default_factory=EvaluationSettings, description="How rewards and held-out results are evaluated."

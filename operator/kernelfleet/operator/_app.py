@@ -29,9 +29,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
+from pydantic import SecretStr
 
 from kernelfleet.core.config import StoreConfig
 from kernelfleet.core.store import Store, open_store
+from kernelfleet.operator._jobs import LABEL_MANAGED_BY, MANAGED_BY
 from kernelfleet.operator._kube import KubeClient
 from kernelfleet.operator._metrics import Metrics, serve
 from kernelfleet.operator._settings import OperatorSettings
@@ -58,16 +60,27 @@ class Runtime:
     _stores: dict[str, Store] = field(default_factory=dict)
     _stores_lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def store(self, url: str) -> Store:
-        """The store at `url` (the job's, else the operator's default), opened once and reused.
+    def store(self, url: str, credentials: tuple[str, str] | None = None) -> Store:
+        """The store at `url` (the job's, else the operator's default), opened once and reused,
+        with `credentials` (access key, secret key: a namespace's) instead of the operator's own.
 
         Store calls block; handlers run them with `asyncio.to_thread`.
         """
         chosen = url or self.settings.default_store
+        key = f"{chosen}\0{credentials[0] if credentials else ''}"
         with self._stores_lock:
-            if chosen not in self._stores:
-                self._stores[chosen] = open_store(chosen, self.store_config)
-            return self._stores[chosen]
+            if key not in self._stores:
+                config = self.store_config
+                if credentials is not None:
+                    config = config.model_copy(
+                        update={
+                            "access_key": SecretStr(credentials[0]),
+                            "secret_key": SecretStr(credentials[1]),
+                            "credentials_dir": None,
+                        }
+                    )
+                self._stores[key] = open_store(chosen, config)
+            return self._stores[key]
 
 
 def runtime(memo: Any) -> Runtime:
@@ -106,6 +119,7 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
         prefix="kernelfleet.io", key="last-handled-configuration"
     )
     settings.watching.server_timeout = 300
+    select_on_the_server(settings)
     settings.networking.request_timeout = 60
     settings.execution.max_workers = 8
     if rt.peering:
@@ -123,6 +137,12 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
         )
 
     rt.metrics.collectors.append(collect)
+
+
+def select_on_the_server(settings: kopf.OperatorSettings) -> None:
+    """Watch only the operator's own Jobs: the API server filters by label, so a cluster's other
+    Jobs are never sent to (or decoded by) the operator."""
+    settings.watching.label_selectors["batch", "v1", "jobs"] = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
 
 
 async def _ensure_peering(rt: Runtime) -> None:

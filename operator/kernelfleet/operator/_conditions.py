@@ -27,6 +27,8 @@ COMPLETE = "Complete"
 FAILED = "Failed"
 RECONCILE_ERROR = "ReconcileError"
 GPU_CLASS_UNAVAILABLE = "GpuClassUnavailable"
+# With a Kueue queue (spec.queueName): whether Kueue admitted the unfinished Jobs, and if not, why.
+ADMITTED = "Admitted"
 
 _REASON = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
 MAX_MESSAGE = 32768  # metav1.Condition allows 32768 characters

@@ -289,6 +289,8 @@ class JobOptions:
     ttl_seconds_after_finished: int | None = None
     active_deadline_seconds: int | None = None
     queue_name: str = ""
+    # batch/v1 Job spec.managedBy: another controller (MultiKueue) runs the Job; "" the Job controller.
+    managed_by: str = ""
 
 
 def indexed_job(
@@ -333,6 +335,8 @@ def indexed_job(
         spec["ttlSecondsAfterFinished"] = options.ttl_seconds_after_finished
     if options.active_deadline_seconds is not None:
         spec["activeDeadlineSeconds"] = options.active_deadline_seconds
+    if options.managed_by:
+        spec["managedBy"] = options.managed_by
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": metadata, "spec": spec}
 
 

@@ -19,7 +19,7 @@ import math
 import re
 from collections.abc import Callable, Sequence
 
-from kernelfleet.core.errors import KernelfleetError, UsageError
+from kernelfleet.core.errors import KernelfleetError, StoreError, UsageError
 from kernelfleet.core.jobplan import JobPlan, Role, Shard, job_prefix
 from kernelfleet.core.models import Task
 from kernelfleet.core.resources import OptimizationJobSpec
@@ -136,7 +136,7 @@ def resolve_tasks(spec: OptimizationJobSpec, open_store: OpenStore) -> list[Task
     for position, selection in enumerate(spec.tasks):
         try:
             found = resolve_selection(selection, open_store)
-        except UsageError as error:
+        except (UsageError, StoreError) as error:  # a permanent refusal, such as access denied
             raise SpecError(f"spec.tasks[{position}]", str(error)) from None
         for task in found:
             tasks.setdefault(task.hash, task)
@@ -211,15 +211,3 @@ def make_plan(
         tasks_total=tasks_total,
         shards=tuple(shards),
     )
-
-
-def distribute_parallelism(total: int, remaining: Sequence[int]) -> list[int]:
-    """Split a class's `parallelism` over its shards in order: earlier shards first, none given
-    more pods than it has indexes left. A shard with nothing left gets 0 (it is finished)."""
-    result = []
-    left = total
-    for count in remaining:
-        share = min(left, count)
-        result.append(share)
-        left -= share
-    return result

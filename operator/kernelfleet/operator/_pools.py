@@ -16,6 +16,11 @@ The format (version 1):
         nodeSelector: {}                       # labels that must match exactly
         tolerations: [{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]
         gpuResource: nvidia.com/gpu
+        requests: {cpu: "2", memory: 8Gi}      # what each pod requests besides its GPUs
+
+Every pod requests CPU and memory as well as GPUs: a pod without requests runs BestEffort (the
+first evicted under pressure), packs blindly, and takes no quota in Kueue, whose ClusterQueues
+then cannot bound a class.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from typing import Any
 import yaml
 
 from kernelfleet.core.errors import UsageError
+from kernelfleet.operator import strict_yaml
 
 GFD_PRODUCT_LABEL = "nvidia.com/gpu.product"
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -48,7 +54,10 @@ DEFAULT_PRODUCTS: dict[str, tuple[str, ...]] = {
     "rtx3090": ("NVIDIA-GeForce-RTX-3090",),
 }
 
-_CLASS_KEYS = {"nodeLabel", "products", "nodeSelector", "tolerations", "gpuResource"}
+_CLASS_KEYS = {"nodeLabel", "products", "nodeSelector", "tolerations", "gpuResource", "requests"}
+_REQUEST_KEYS = ("cpu", "memory")
+# Per pod, when the pool configuration says nothing (the chart's pools.requests default too).
+DEFAULT_REQUESTS: dict[str, str] = {"cpu": "2", "memory": "8Gi"}
 _TOLERATION_KEYS = {"key", "operator", "value", "effect", "tolerationSeconds"}
 
 
@@ -62,6 +71,7 @@ class GpuClass:
     node_selector: Mapping[str, str] = field(default_factory=dict)
     tolerations: tuple[Mapping[str, Any], ...] = (GPU_TOLERATION,)
     gpu_resource: str = GPU_RESOURCE
+    requests: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_REQUESTS))
 
     def placement(self) -> dict[str, Any]:
         """The pod-spec fields that put a pod on this pool: nodeSelector, affinity, tolerations.
@@ -168,6 +178,20 @@ def _tolerations(source: str, where: str, value: object) -> tuple[dict[str, Any]
     return tuple(result)
 
 
+def _requests(source: str, where: str, value: object) -> dict[str, str]:
+    """A pod's CPU and memory requests (Kubernetes quantities as strings); missing ones default."""
+    if value is None:
+        return dict(DEFAULT_REQUESTS)
+    if not isinstance(value, dict) or not set(value) <= set(_REQUEST_KEYS):
+        raise _bad(source, where, 'must be a map with cpu and memory, e.g. {cpu: "2", memory: 8Gi}')
+    result = dict(DEFAULT_REQUESTS)
+    for key, quantity in value.items():
+        if not isinstance(quantity, str | int) or isinstance(quantity, bool) or not str(quantity).strip():
+            raise _bad(source, f"{where}.{key}", 'must be a Kubernetes quantity such as "2" or 8Gi')
+        result[key] = str(quantity)
+    return result
+
+
 def parse_pools(document: object, source: str = "the pool configuration") -> Pools:
     """Pools from a parsed pools.yaml document; errors name the field and what to write."""
     if not isinstance(document, dict):
@@ -202,6 +226,7 @@ def parse_pools(document: object, source: str = "the pool configuration") -> Poo
             if "tolerations" in body
             else (GPU_TOLERATION,)
         )
+        requests = _requests(source, f"{where}.requests", body.get("requests"))
         node_label = body.get("nodeLabel") or GFD_PRODUCT_LABEL
         gpu_resource = body.get("gpuResource") or GPU_RESOURCE
         if not isinstance(node_label, str) or not isinstance(gpu_resource, str):
@@ -213,6 +238,7 @@ def parse_pools(document: object, source: str = "the pool configuration") -> Poo
             node_selector=node_selector,
             tolerations=tolerations,
             gpu_resource=gpu_resource,
+            requests=requests,
         )
     return Pools(parsed, source=source)
 
@@ -230,7 +256,7 @@ def load_pools(path: str | Path | None) -> Pools:
             "the chart's pools.yaml, or leave --pools out for the built-in default"
         ) from None
     try:
-        document = yaml.safe_load(text)
+        document = strict_yaml.load(text)
     except yaml.YAMLError as error:
         raise UsageError(f"pool configuration {path} is not valid YAML: {error}") from None
     return parse_pools(document, source=str(path))

@@ -68,7 +68,8 @@ def register(subcommands: argparse._SubParsersAction) -> None:
         "--store-secret",
         default=None,
         metavar="NAME",
-        help="Secret (keys accesskey, secretkey) the pods mount; default: $KERNELFLEET_STORE_SECRET",
+        help="Secret (keys accesskey, secretkey) in each job's namespace: the pods mount it and the operator "
+        "reaches that job's store with it; default: $KERNELFLEET_STORE_SECRET",
     )
     parser.add_argument(
         "--liveness",

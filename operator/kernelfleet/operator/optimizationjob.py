@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,11 +36,13 @@ from kernelfleet.core.jobplan import (
     JobPlan,
     Role,
     Shard,
+    TaskChunk,
     TaskOutcome,
     chunk_key,
     chunk_tasks,
     job_prefix,
     outcome_dir,
+    outcome_key,
     plan_key,
 )
 from kernelfleet.core.resources import GROUP, VERSION, OptimizationJobSpec, PolicyKind
@@ -62,7 +65,7 @@ from kernelfleet.operator._jobs import (
     store_env,
 )
 from kernelfleet.operator._kube import ApiError, core_path, custom_path, jobs_path
-from kernelfleet.operator._plan import SpecError, distribute_parallelism, make_plan, resolve_tasks
+from kernelfleet.operator._plan import SpecError, make_plan, resolve_tasks
 from kernelfleet.operator._settings import OperatorSettings
 from kernelfleet.operator._status import best, median, status_diff
 
@@ -103,6 +106,14 @@ class JobView:
     finished: str | None
     reason: str
     deleting: bool
+    # status.completedIndexes as the Job writes it ("0-3,7"): the outcomes to read.
+    completed_indexes: str = ""
+
+    def done_indexes(self) -> frozenset[int]:
+        """Indexes that ended, succeeded or failed: their tasks' outcomes are in the store."""
+        if self.finished and not self.completed_indexes and not self.failed_indexes:
+            return frozenset(range(self.completions))  # a record of a Job that is gone
+        return _index_set(self.completed_indexes) | self.failed_indexes
 
 
 def _index_set(ranges: str | None) -> frozenset[int]:
@@ -141,6 +152,7 @@ def index_jobs(body: kopf.Body, **_: Any) -> dict[tuple[str, str], JobView] | No
         finished=finished,
         reason=reason,
         deleting=bool(body.metadata.get("deletionTimestamp")),
+        completed_indexes=str(status.get("completedIndexes") or ""),
     )
     return {(body.metadata.namespace or "", uid): view}
 
@@ -153,14 +165,25 @@ class _Memory:
     """What saves work between passes (never needed for correctness)."""
 
     plan: JobPlan | None = None
-    created: set[str] = field(default_factory=set)
+    # Jobs created by this process that kopf's index does not show yet, with their parallelism.
+    created: dict[str, int] = field(default_factory=dict)
+    # When each of those was created (time.monotonic()), to ask the API about one that stays away.
+    created_at: dict[str, float] = field(default_factory=dict)
     outcomes: dict[str, TaskOutcome] = field(default_factory=dict)
+    # Incremental outcome reading: whether the outcome folders were listed once (after a start),
+    # which indexes' outcomes were read since, and the task hash of each plan position.
+    listed: bool = False
+    read_indexes: dict[str, frozenset[int]] = field(default_factory=dict)
+    task_hashes: dict[int, str] = field(default_factory=dict)
     ended: dict[str, JobView] = field(default_factory=dict)
+    # Jobs whose ended record the store was asked for and did not have.
+    no_record: set[str] = field(default_factory=set)
     rejected: tuple[int, float, SpecError] | None = None
-    phase: str = ""
 
 
 _memory: dict[str, _Memory] = {}
+# The last phase of every resource (for the metrics), kept after its memory is freed.
+_phases: dict[str, str] = {}
 _nodes: dict[str, Any] = {"at": -1e9, "labels": None}
 
 
@@ -212,6 +235,37 @@ async def _validate(rt: Runtime, spec: OptimizationJobSpec, namespace: str) -> N
             )
 
 
+CREDENTIALS_TTL_S = 60.0
+_credentials: dict[str, tuple[float, tuple[str, str] | None]] = {}
+
+
+async def namespace_credentials(rt: Runtime, namespace: str) -> tuple[str, str] | None:
+    """The store keys of a job's namespace (its store Secret, `--store-secret`), which the
+    operator uses for that job's store instead of its own: a job reaches only what its namespace
+    may (its own prefix, under a per-namespace policy). None without a store Secret. Read at most
+    once a minute per namespace."""
+    import base64
+
+    if not rt.settings.store_secret:
+        return None
+    now = time.monotonic()
+    cached = _credentials.get(namespace)
+    if cached is not None and now - cached[0] < CREDENTIALS_TTL_S:
+        return cached[1]
+    secret = await rt.kube.get_or_none(core_path("secrets", namespace, rt.settings.store_secret))
+    data = (secret or {}).get("data") or {}
+    if "accesskey" not in data or "secretkey" not in data:
+        raise SpecError(
+            "metadata.namespace",
+            f"the store Secret {rt.settings.store_secret!r} (keys accesskey, secretkey) does not exist "
+            f"in namespace {namespace}, or lacks a key: the operator and the worker pods reach the "
+            "store with it; create it there",
+        )
+    keys = (base64.b64decode(data["accesskey"]).decode(), base64.b64decode(data["secretkey"]).decode())
+    _credentials[namespace] = (now, keys)
+    return keys
+
+
 def _write_plan(store: Store, plan: JobPlan, tasks: list[Any]) -> None:
     """Chunks first, the plan last: a plan in the store is a complete one."""
     for number, chunk in enumerate(chunk_tasks(tasks, plan.chunk_size)):
@@ -231,8 +285,9 @@ async def _ensure_plan(
         # may have been created since), not on every pass.
         if generation == spec_generation(spec) and time.monotonic() - when < RECHECK_S:
             raise error
+    credentials = await namespace_credentials(rt, namespace)
     try:
-        store = rt.store(spec.store)
+        store = rt.store(spec.store, credentials)
     except UsageError as error:
         raise SpecError("spec.store", str(error)) from None
     prefix = job_prefix(namespace, name, uid)
@@ -249,7 +304,7 @@ async def _ensure_plan(
         raise
 
     def resolve_and_write() -> JobPlan:
-        tasks = resolve_tasks(spec, lambda url: rt.store(url))
+        tasks = resolve_tasks(spec, lambda url: rt.store(url, credentials))
         plan = make_plan(
             namespace=namespace,
             name=name,
@@ -310,6 +365,7 @@ def build_job(rt: Runtime, plan: JobPlan, shard: Shard, owner: Owner, parallelis
         env={**store_env(settings, store_url), "KERNELFLEET_GPU_CLASS": shard.gpu_class},
         gpu_resource=gpu_class.gpu_resource,
         gpus=spec.gpus_per_pod,
+        requests=gpu_class.requests,
         store_secret=bool(settings.store_secret),
         env_from_secrets=secrets,
     )
@@ -330,33 +386,43 @@ def build_job(rt: Runtime, plan: JobPlan, shard: Shard, owner: Owner, parallelis
             parallelism=parallelism,
             suspend=spec.suspend,
             backoff_limit_per_index=spec.backoff_limit_per_index,
-            ttl_seconds_after_finished=spec.ttl_seconds_after_finished,
-            active_deadline_seconds=spec.active_deadline_seconds,
             queue_name=spec.queue_name,
+            managed_by=spec.managed_by,
         ),
     )
 
 
-def _desired_parallelism(plan: JobPlan, views: Mapping[str, JobView], role: Role) -> dict[str, int]:
-    """Each shard's share of its class's parallelism (earlier shards first)."""
+def _creation_shares(
+    plan: JobPlan, views: Mapping[str, JobView], created: Mapping[str, int], role: Role
+) -> dict[str, int]:
+    """The parallelism to create each missing shard's Job with: what its class's `parallelism`
+    leaves after the Jobs that exist (earlier shards first). A shard whose share is 0 is created
+    later, once earlier shards need fewer pods.
+
+    A Job's parallelism is set once, at creation, and never patched: Kueue admits a Job for its
+    pod count, and changing the count of an admitted Job makes Kueue stop it, delete its running
+    pods and queue it again. A Job with fewer indexes left than its parallelism needs no patch
+    either: the Job controller starts no more pods than indexes remain, and Kueue hands the
+    difference back to the queue (the Workload's reclaimablePods).
+    """
     result: dict[str, int] = {}
-    for gpu_class in {s.gpu_class for s in plan.shards if s.role == role}:
+    for gpu_class in sorted({s.gpu_class for s in plan.shards if s.role == role}):
         shards = sorted(
             (s for s in plan.shards if s.role == role and s.gpu_class == gpu_class), key=lambda s: s.number
         )
-        remaining = []
+        left = plan.spec.parallelism
         for shard in shards:
             view = views.get(shard.job_name)
-            if view is None:
-                remaining.append(shard.completions)
-            elif view.finished:
-                remaining.append(0)
-            else:
-                remaining.append(max(0, shard.completions - view.succeeded - len(view.failed_indexes)))
-        for shard, share in zip(
-            shards, distribute_parallelism(plan.spec.parallelism, remaining), strict=True
-        ):
-            result[shard.job_name] = share
+            if view is not None and not view.finished:
+                remaining = max(0, shard.completions - view.succeeded - len(view.failed_indexes))
+                left -= min(view.parallelism, remaining)
+            elif view is None and shard.job_name in created:
+                left -= created[shard.job_name]
+        for shard in shards:
+            if shard.job_name not in views and shard.job_name not in created:
+                share = max(0, min(left, shard.completions))
+                result[shard.job_name] = share
+                left -= share
     return result
 
 
@@ -387,12 +453,14 @@ def _record_ended(
                 store.put_json(ended_key(plan.prefix, name), record)
             memory.ended[name] = view
         if view is None:
-            # Gone: maybe ended and deleted (ttlSecondsAfterFinished). A Job this process created
-            # and never saw end is simply not in the index yet: no need to ask the store.
-            if name not in memory.ended and name not in memory.created:
+            # Gone: maybe it ended and was deleted while no operator watched (this process sees
+            # every Job it watches end, and records it above). So the store is asked once per
+            # Job and process; a Job this process created is simply not in the index yet.
+            if name not in memory.ended and name not in memory.created and name not in memory.no_record:
                 try:
                     raw = store.get_json(ended_key(plan.prefix, name))
                 except NotFound:
+                    memory.no_record.add(name)
                     continue
                 memory.ended[name] = JobView(
                     name=name, role=raw["role"], gpu_class=raw["gpu_class"], shard=raw["shard"],
@@ -405,29 +473,49 @@ def _record_ended(
     return result
 
 
+async def _forget_vanished(rt: Runtime, namespace: str, memory: _Memory) -> None:
+    """A Job created a pass ago that the index still lacks may have been deleted before the
+    index saw it: ask the API, and forget it if it is gone, so that it is created again."""
+    now = time.monotonic()
+    for name, created_at in list(memory.created_at.items()):
+        if (
+            now - created_at > rt.settings.status_interval_s
+            and await rt.kube.get_or_none(jobs_path(namespace, name)) is None
+        ):
+            memory.created.pop(name, None)
+            memory.created_at.pop(name, None)
+
+
 async def _converge_jobs(
     rt: Runtime, plan: JobPlan, spec: OptimizationJobSpec, owner: Owner, views: Mapping[str, JobView]
 ) -> None:
+    """Create the planned Jobs that are missing and bring `suspend` of the others to the spec.
+    Nothing else of an existing Job is ever changed (see `_creation_shares`)."""
     memory = _mem(owner.uid)
+    for name in views:
+        memory.created.pop(name, None)  # the index has it now
+        memory.created_at.pop(name, None)
+    await _forget_vanished(rt, owner.namespace, memory)
     search_shards = [s for s in plan.shards if s.role == Role.SEARCH]
     search_done = all((v := views.get(s.job_name)) is not None and v.finished for s in search_shards)
     wanted = list(search_shards)
     if search_done:
         wanted += [s for s in plan.shards if s.role == Role.VERIFY]
     shares = {
-        **_desired_parallelism(plan, views, Role.SEARCH),
-        **_desired_parallelism(plan, views, Role.VERIFY),
+        **_creation_shares(plan, views, memory.created, Role.SEARCH),
+        **_creation_shares(plan, views, memory.created, Role.VERIFY),
     }
-    missing = [s for s in wanted if s.job_name not in views and s.job_name not in memory.created]
+    missing = [s for s in wanted if shares.get(s.job_name, 0) > 0]
 
     async def create(shard: Shard) -> None:
-        body = build_job(rt, plan, shard, owner, shares.get(shard.job_name, spec.parallelism))
+        body = build_job(rt, plan, shard, owner, shares[shard.job_name])
         try:
             await rt.kube.create(jobs_path(owner.namespace), body)
         except ApiError as error:
             if not error.conflict:
                 raise
-        memory.created.add(shard.job_name)
+        memory.created[shard.job_name] = shares[shard.job_name]
+        memory.created_at[shard.job_name] = time.monotonic()
 
     for start in range(0, len(missing), 8):
         await asyncio.gather(*(create(s) for s in missing[start : start + 8]))
@@ -435,15 +523,12 @@ async def _converge_jobs(
         view = views.get(shard.job_name)
         if view is None or view.finished or view.deleting:
             continue
-        patch: dict[str, Any] = {}
+        # With a queue, Kueue resumes the Job when it admits it: the operator only suspends.
         desired_suspend = spec.suspend or (bool(spec.queue_name) and view.suspend)
         if view.suspend != desired_suspend:
-            patch["suspend"] = desired_suspend
-        share = shares.get(shard.job_name, view.parallelism)
-        if view.parallelism != share:
-            patch["parallelism"] = share
-        if patch:
-            await rt.kube.patch(jobs_path(owner.namespace, shard.job_name), {"spec": patch})
+            await rt.kube.patch(
+                jobs_path(owner.namespace, shard.job_name), {"spec": {"suspend": desired_suspend}}
+            )
 
 
 # ---------------------------------------------------------------------- the status
@@ -473,16 +558,137 @@ async def _missing_classes(rt: Runtime, classes: list[str]) -> dict[str, str]:
     }
 
 
-def _read_outcomes(store: Store, plan: JobPlan, known: dict[str, TaskOutcome]) -> None:
-    """Read the outcome records not read before (keys are immutable: a record never changes)."""
-    classes = {(s.role, s.gpu_class) for s in plan.shards}
-    for role, gpu_class in sorted(classes):
-        for key in store.list(outcome_dir(plan.prefix, role, gpu_class)):
-            if key.endswith(".json") and key not in known:
-                try:
-                    known[key] = TaskOutcome.model_validate(store.get_json(key))
-                except (NotFound, ValidationError, KernelfleetError) as error:
-                    log.warning("unreadable outcome %s: %s", key, error)
+KUEUE_WORKLOADS = ("kueue.x-k8s.io", "v1beta2", "workloads")
+
+
+def admission_condition(
+    queue: str, unfinished: list[str], workloads: Sequence[Mapping[str, Any]]
+) -> cond.Condition:
+    """Where Kueue stands with the unfinished Jobs, from their Workloads (pure, unit-tested).
+
+    Kueue makes one Workload per Job (owned by it): `QuotaReserved` False with a message such as
+    "insufficient unused quota for nvidia.com/gpu in flavor h100, 1 more needed" while it waits,
+    `Admitted` True once it runs, `Evicted` True when Kueue took it back (preempted, not ready)."""
+    by_job: dict[str, Mapping[str, Any]] = {}
+    for workload in workloads:
+        for owner in (workload.get("metadata") or {}).get("ownerReferences") or []:
+            if owner.get("kind") == "Job" and owner.get("name") in unfinished:
+                by_job[owner["name"]] = workload
+
+    def status_of(workload: Mapping[str, Any], type_: str) -> Mapping[str, Any]:
+        return cond.find((workload.get("status") or {}).get("conditions") or [], type_) or {}
+
+    waiting = []
+    for job in unfinished:
+        found = by_job.get(job)
+        if found is None:
+            waiting.append((job, "Queued", "Kueue has not made its Workload yet"))
+            continue
+        workload = found
+        if status_of(workload, "Admitted").get("status") == cond.TRUE:
+            continue
+        evicted = status_of(workload, "Evicted")
+        if evicted.get("status") == cond.TRUE:
+            waiting.append(
+                (job, "Evicted", f"evicted ({evicted.get('reason')}): {evicted.get('message', '')}")
+            )
+        else:
+            reserved = status_of(workload, "QuotaReserved")
+            waiting.append((job, "Queued", str(reserved.get("message") or "waiting for quota")))
+    if not waiting:
+        return cond.Condition(
+            cond.ADMITTED,
+            cond.TRUE,
+            "Admitted",
+            f"Kueue admitted {len(unfinished)} Job(s) from LocalQueue {queue}",
+        )
+    reason = "Evicted" if any(r == "Evicted" for _, r, _ in waiting) else "Queued"
+    text = "; ".join(f"Job {job}: {why}" for job, _, why in waiting[:5])
+    more = f"; and {len(waiting) - 5} more" if len(waiting) > 5 else ""
+    return cond.Condition(
+        cond.ADMITTED,
+        cond.FALSE,
+        reason,
+        f"{len(waiting)} of {len(unfinished)} Job(s) wait in LocalQueue {queue}: {text}{more}",
+    )
+
+
+async def _admission(
+    rt: Runtime, namespace: str, queue: str, views: Mapping[str, JobView]
+) -> cond.Condition | None:
+    """The `Admitted` condition of a job with a queue; None when no Job waits or runs."""
+    unfinished = sorted(v.name for v in views.values() if not v.finished and not v.deleting)
+    if not unfinished:
+        return None
+    try:
+        workloads = await rt.kube.list_all(custom_path(*KUEUE_WORKLOADS[:2], KUEUE_WORKLOADS[2], namespace))
+    except ApiError as error:
+        if error.status != 404:
+            raise
+        return cond.Condition(
+            cond.ADMITTED,
+            cond.FALSE,
+            "KueueNotInstalled",
+            f"spec.queueName is {queue!r} but this cluster serves no Kueue Workloads: install Kueue, "
+            "or clear spec.queueName",
+        )
+    return admission_condition(queue, unfinished, workloads)
+
+
+def _read_outcome(store: Store, key: str, known: dict[str, TaskOutcome]) -> None:
+    try:
+        known[key] = TaskOutcome.model_validate(store.get_json(key))
+    except NotFound:
+        pass  # a failed index whose pod never wrote one
+    except (ValidationError, KernelfleetError) as error:
+        log.warning("unreadable outcome %s: %s", key, error)
+
+
+def _task_hash(store: Store, plan: JobPlan, memory: _Memory, position: int) -> str:
+    """The hash of the task at a plan position, from its chunk (read once)."""
+    if position not in memory.task_hashes:
+        number = position // plan.chunk_size
+        chunk = TaskChunk.model_validate(store.get_json(chunk_key(plan.prefix, number)))
+        for offset, task in enumerate(chunk.tasks):
+            memory.task_hashes[chunk.start + offset] = task.task().hash
+    return memory.task_hashes[position]
+
+
+def _read_outcomes(store: Store, plan: JobPlan, views: Mapping[str, JobView], memory: _Memory) -> None:
+    """Read the outcome records not read before, incrementally (keys are immutable: a record
+    never changes, and a worker writes it before its pod ends).
+
+    After a start, each outcome folder is listed once. From then on only the indexes that ended
+    since the last pass are read, each by its tasks' keys: a pass over a job where nothing ended
+    costs no store request, and a finished job is not reconciled at all. A pod that runs several
+    tasks (tasksPerIndex) has them counted when its index ends."""
+    known = memory.outcomes
+    if not memory.listed:
+        for role, gpu_class in sorted({(s.role, s.gpu_class) for s in plan.shards}):
+            for key in store.list(outcome_dir(plan.prefix, role, gpu_class)):
+                if key.endswith(".json") and key not in known:
+                    _read_outcome(store, key, known)
+        memory.listed = True
+        for shard in plan.shards:
+            view = views.get(shard.job_name)
+            memory.read_indexes[shard.job_name] = view.done_indexes() if view is not None else frozenset()
+        return
+    for shard in plan.shards:
+        view = views.get(shard.job_name)
+        if view is None:
+            continue
+        done = view.done_indexes()
+        seen = memory.read_indexes.get(shard.job_name, frozenset())
+        for index in sorted(done - seen):
+            if index >= shard.completions:
+                continue
+            for position in shard.positions(index):
+                key = outcome_key(
+                    plan.prefix, shard.role, shard.gpu_class, _task_hash(store, plan, memory, position)
+                )
+                if key not in known:
+                    _read_outcome(store, key, known)
+        memory.read_indexes[shard.job_name] = seen | done
 
 
 @dataclass(frozen=True)
@@ -501,6 +707,7 @@ def fold_status(
     suspended: bool,
     missing_classes: Mapping[str, str],
     results_url: str,
+    deadline_exceeded: bool = False,
 ) -> Fold:
     """Counters, speedups, phase and conditions from the Jobs and the outcome records."""
     search = [o for o in outcomes.values() if o.role == Role.SEARCH]
@@ -565,11 +772,6 @@ def fold_status(
     active_pods = sum(v.active for v in [*search_views, *verify_views] if v is not None)
     # `active` counts pods not yet finished, unscheduled ones too; `ready` those really running.
     running_pods = sum(v.ready for v in [*search_views, *verify_views] if v is not None)
-    deadline = [
-        v
-        for v in [*search_views, *verify_views]
-        if v is not None and v.finished == "Failed" and v.reason == "DeadlineExceeded"
-    ]
     total_tasks = plan.tasks_total * len(plan.spec.gpu_classes)
 
     conditions = [
@@ -589,14 +791,14 @@ def fold_status(
     else:
         conditions.append(cond.Condition(cond.GPU_CLASS_UNAVAILABLE, cond.FALSE, "NodesFound", ""))
     summary = f"{done_total} of {total_tasks} task runs done, {failed_total} failed"
-    if deadline:
+    if deadline_exceeded:
         phase = "Failed"
         conditions += [
             cond.Condition(
                 cond.FAILED,
                 cond.TRUE,
                 "DeadlineExceeded",
-                f"Job {deadline[0].name} ran past spec.activeDeadlineSeconds; {summary}",
+                f"the job ran past spec.activeDeadlineSeconds; its Jobs were stopped; {summary}",
             ),
             cond.Condition(cond.COMPLETE, cond.FALSE, "DeadlineExceeded", ""),
             cond.Condition(cond.RUNNING, cond.FALSE, "Finished", ""),
@@ -704,12 +906,17 @@ async def reconcile(
         plan = await _ensure_plan(rt, parsed, namespace, name, uid)
         owner = Owner(kind=KIND, name=name, namespace=namespace, uid=uid)
         index = kwargs.get(INDEX)
-        store = rt.store(parsed.store)
+        store = rt.store(parsed.store, await namespace_credentials(rt, namespace))
         memory = _mem(uid)
         live = {v.name: v for v in (index.get((namespace, uid), []) if index is not None else [])}
         views = await asyncio.to_thread(_record_ended, store, plan, live, memory)
-        await _converge_jobs(rt, plan, parsed, owner, views)
-        await asyncio.to_thread(_read_outcomes, store, plan, memory.outcomes)
+        started = status.get("startTime") or ""
+        late = deadline_passed(started, parsed.active_deadline_seconds)
+        if late:
+            await _stop_jobs(rt, namespace, views)
+        else:
+            await _converge_jobs(rt, plan, parsed, owner, views)
+        await asyncio.to_thread(_read_outcomes, store, plan, views, memory)
         missing = await _missing_classes(rt, sorted({*parsed.gpu_classes, *parsed.verify_on}))
         fold = fold_status(
             plan,
@@ -718,9 +925,14 @@ async def reconcile(
             suspended=parsed.suspend,
             missing_classes=missing,
             results_url=store.url_for(plan.prefix),
+            deadline_exceeded=late,
         )
         desired.update(fold.status)
         updates += fold.conditions
+        if parsed.queue_name and desired["phase"] not in ("Succeeded", "Failed"):
+            admission = await _admission(rt, namespace, parsed.queue_name, views)
+            if admission is not None:
+                updates.append(admission)
         shards = len(plan.shards)
         updates.append(
             cond.Condition(
@@ -732,7 +944,7 @@ async def reconcile(
         if not status.get("startTime"):
             desired["startTime"] = cond.now()
         if desired["phase"] in ("Succeeded", "Failed") and not status.get("completionTime"):
-            desired["completionTime"] = cond.now()
+            desired["completionTime"] = cond.now()  # the end: the timer stops (see _active)
     except (SpecError, ValidationError, UsageError) as error:
         message = (
             str(error) if not isinstance(error, ValidationError) else f"spec is invalid: {error.errors()[0]}"
@@ -756,21 +968,26 @@ async def reconcile(
     desired["conditions"] = new_conditions
     diff = status_diff(dict(status), desired)
     changed = cond.transitions(current_conditions, new_conditions)
-    if diff and rt.limiter.allow(uid, urgent=urgent or bool(changed and not current_conditions)):
+    terminal = bool(desired.get("completionTime"))
+    if diff and rt.limiter.allow(uid, urgent=urgent or terminal or bool(changed and not current_conditions)):
         for key, value in diff.items():
             patch.status[key] = value
         rt.metrics.inc("status_patches_total", kind=KIND)
         _post_events(body, changed)
-        memory = _mem(uid)
-        memory.phase = str(desired.get("phase", memory.phase))
+        _phases[uid] = str(desired.get("phase", _phases.get(uid, "")))
+        if terminal:
+            # The last pass: with completionTime in the status the timer stops (its filter), so
+            # what this resource kept in memory goes now.
+            _memory.pop(uid, None)
+            rt.limiter.forget(uid)
     _update_phase_gauge(rt)
 
 
 def _update_phase_gauge(rt: Runtime) -> None:
     counts: dict[str, int] = {}
-    for memory in _memory.values():
-        if memory.phase:
-            counts[memory.phase] = counts.get(memory.phase, 0) + 1
+    for phase in _phases.values():
+        if phase:
+            counts[phase] = counts.get(phase, 0) + 1
     rt.metrics.replace_gauge("jobs", (({"kind": KIND, "phase": p}, float(n)) for p, n in counts.items()))
 
 
@@ -778,7 +995,62 @@ async def forget(meta: kopf.Meta, memo: Any, **_: Any) -> None:
     """The resource is being deleted: its Jobs go with it (owner references); drop the caches."""
     uid = meta.uid or ""
     _memory.pop(uid, None)
+    _phases.pop(uid, None)
     runtime(memo).limiter.forget(uid)
+
+
+def _active(status: kopf.Status, **_: Any) -> bool:
+    """Reconciled until it ends: a resource with completionTime has nothing left to do."""
+    return not status.get("completionTime")
+
+
+def _expiring(spec: kopf.Spec, status: kopf.Status, **_: Any) -> bool:
+    return bool(status.get("completionTime")) and spec.get("ttlSecondsAfterFinished") is not None
+
+
+def _parse_time(text: str) -> float:
+    return datetime.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC).timestamp()
+
+
+def deadline_passed(start_time: str, deadline_s: int | None, now: float | None = None) -> bool:
+    """Whether spec.activeDeadlineSeconds has passed since status.startTime."""
+    if deadline_s is None or not start_time:
+        return False
+    return (time.time() if now is None else now) >= _parse_time(start_time) + deadline_s
+
+
+async def _stop_jobs(rt: Runtime, namespace: str, views: Mapping[str, JobView]) -> None:
+    """Past the deadline: delete the Jobs still running (their pods stop; outcomes stay)."""
+    for view in views.values():
+        if not view.finished and not view.deleting:
+            with contextlib.suppress(ApiError):
+                await rt.kube.delete(jobs_path(namespace, view.name))
+
+
+async def expire(
+    spec: kopf.Spec, status: kopf.Status, meta: kopf.Meta, memo: Any, stopped: Any, **_: Any
+) -> None:
+    """ttlSecondsAfterFinished: delete the finished resource (its Jobs go with it through their
+    owner references; the results stay in the store). A daemon that sleeps until then, so a
+    finished resource costs no request; `spec` is live, so a changed TTL is seen."""
+    rt = runtime(memo)
+    while not stopped:
+        ttl = spec.get("ttlSecondsAfterFinished")
+        finished = status.get("completionTime")
+        if ttl is None or not finished:
+            return
+        remaining = _parse_time(finished) + int(ttl) - time.time()
+        if remaining <= 0:
+            with contextlib.suppress(ApiError):
+                await rt.kube.delete(resource_path(meta.namespace or "", meta.name or ""))
+            log.info(
+                "%s/%s: deleted %ss after it finished (ttlSecondsAfterFinished)",
+                meta.namespace,
+                meta.name,
+                ttl,
+            )
+            return
+        await stopped.wait(min(remaining, 300.0))
 
 
 def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> None:
@@ -787,7 +1059,10 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> Non
     kopf.index("batch", "v1", "jobs", labels={OWNER_LABEL: kopf.PRESENT}, registry=registry, id=INDEX)(
         index_jobs
     )
-    kopf.timer(GROUP, VERSION, PLURAL, interval=interval_s, registry=registry, id="reconcile")(reconcile)
+    kopf.timer(GROUP, VERSION, PLURAL, interval=interval_s, when=_active, registry=registry, id="reconcile")(
+        reconcile
+    )
+    kopf.daemon(GROUP, VERSION, PLURAL, when=_expiring, registry=registry, id="expire")(expire)
     kopf.on.delete(GROUP, VERSION, PLURAL, optional=True, registry=registry, id="forget")(forget)
 
 

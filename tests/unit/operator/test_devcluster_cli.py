@@ -51,6 +51,13 @@ def test_up_without_binaries_says_what_the_first_build_costs(
     assert not (no_binaries / "cluster.json").exists()
 
 
+def test_up_with_kueue_also_needs_kueue_built(no_binaries: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["dev-cluster", "up", "--kueue", "--no-build", "--dir", str(no_binaries)]) == 2
+    assert "kueue" in capsys.readouterr().err.split("missing:")[1].split(")")[0]
+    assert main(["dev-cluster", "up", "--no-build", "--dir", str(no_binaries)]) == 2
+    assert "kueue" not in capsys.readouterr().err.split("missing:")[1].split(")")[0]
+
+
 def test_check_lists_the_missing_binaries_and_the_missing_cluster(
     no_binaries: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

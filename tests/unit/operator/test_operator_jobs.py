@@ -6,6 +6,8 @@ from kernelfleet.core.jobplan import EXIT_DETERMINISTIC
 from kernelfleet.operator._jobs import (
     CREDENTIALS_DIR,
     KUEUE_QUEUE_LABEL,
+    LABEL_MANAGED_BY,
+    MANAGED_BY,
     MAX_JOB_NAME,
     JobOptions,
     Owner,
@@ -129,14 +131,16 @@ def test_kueue_queue_creates_the_job_suspended_with_the_queue_label() -> None:
         queue_name="gpu-queue",
         ttl_seconds_after_finished=600,
         active_deadline_seconds=7200,
+        managed_by="kueue.x-k8s.io/multikueue",
     )
     assert job["metadata"]["labels"][KUEUE_QUEUE_LABEL] == "gpu-queue"
     assert job["spec"]["suspend"] is True
     assert job["spec"]["ttlSecondsAfterFinished"] == 600
     assert job["spec"]["activeDeadlineSeconds"] == 7200
+    assert job["spec"]["managedBy"] == "kueue.x-k8s.io/multikueue"
     plain = _job(OperatorSettings(), suspend=True)
     assert plain["spec"]["suspend"] is True and KUEUE_QUEUE_LABEL not in plain["metadata"]["labels"]
-    assert "ttlSecondsAfterFinished" not in plain["spec"]
+    assert "ttlSecondsAfterFinished" not in plain["spec"] and "managedBy" not in plain["spec"]
 
 
 def test_parallelism_never_exceeds_completions() -> None:
@@ -177,3 +181,17 @@ def test_settings_read_the_charts_environment_and_flags_win() -> None:
     assert settings.store_secret == "creds"
     assert settings.s3_secure is False
     assert settings.image_pull_secrets == ("a", "b")
+
+
+def test_the_job_watch_is_filtered_by_label_on_the_server() -> None:
+    import kopf
+    from kopf._cogs.structs.references import Resource
+
+    from kernelfleet.operator._app import select_on_the_server
+
+    settings = kopf.OperatorSettings()
+    select_on_the_server(settings)
+    jobs = Resource("batch", "v1", "jobs", kind="Job", namespaced=True)
+    assert list(settings.watching.label_selectors.collect(jobs)) == [f"{LABEL_MANAGED_BY}={MANAGED_BY}"]
+    # Every Job the operator creates carries the label the watch selects.
+    assert _job(OperatorSettings())["metadata"]["labels"][LABEL_MANAGED_BY] == MANAGED_BY

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from kernelfleet.core.jobplan import Role, TaskOutcome
+from kernelfleet.core.jobplan import Role, TaskOutcome, outcome_key
 from kernelfleet.core.resources import OptimizationJobSpec
 from kernelfleet.core.store import open_store
 from kernelfleet.operator._app import Runtime
@@ -17,13 +18,23 @@ from kernelfleet.operator._kube import KubeClient
 from kernelfleet.operator._metrics import Metrics
 from kernelfleet.operator._plan import (
     SpecError,
-    distribute_parallelism,
     make_plan,
     resolve_tasks,
 )
 from kernelfleet.operator._settings import OperatorSettings
 from kernelfleet.operator._status import PatchLimiter
-from kernelfleet.operator.optimizationjob import JobView, build_job, fold_status, index_jobs
+from kernelfleet.operator.optimizationjob import (
+    JobView,
+    _creation_shares,
+    _Memory,
+    _read_outcomes,
+    _write_plan,
+    admission_condition,
+    build_job,
+    deadline_passed,
+    fold_status,
+    index_jobs,
+)
 
 UID = "11111111-2222-3333-4444-555555555555"
 TASK = (
@@ -91,10 +102,33 @@ def test_shards_split_large_classes_and_names_are_stable() -> None:
     assert plan.chunks_for(range(95, 205)) == [0, 1, 2]
 
 
-def test_parallelism_goes_to_earlier_shards_first() -> None:
-    assert distribute_parallelism(4, [1000, 250]) == [4, 0]
-    assert distribute_parallelism(4, [2, 250]) == [2, 2]
-    assert distribute_parallelism(4, [0, 1]) == [0, 1]
+def _running(
+    name: str, completions: int, parallelism: int, succeeded: int, finished: str | None = None
+) -> JobView:
+    return JobView(
+        name=name, role="search", gpu_class="h100", shard=0, completions=completions,
+        parallelism=parallelism, suspend=False, active=0, ready=0, succeeded=succeeded,
+        failed_indexes=frozenset(), finished=finished, reason="", deleting=False,
+    )  # fmt: skip
+
+
+def test_parallelism_goes_to_earlier_shards_first_and_an_existing_job_keeps_its_own() -> None:
+    spec = _spec(gpuClasses=["h100"], parallelism=4)
+    plan = make_plan(
+        namespace="ns", name="big", uid=UID, spec=spec, tasks_total=1250, max_indexes_per_job=1000
+    )
+    first, second = (s.job_name for s in plan.shards)
+    assert _creation_shares(plan, {}, {}, Role.SEARCH) == {first: 4, second: 0}
+    # The first Job runs with 4 pods: nothing is left for the second.
+    busy = {first: _running(first, 1000, 4, succeeded=10)}
+    assert _creation_shares(plan, busy, {}, Role.SEARCH) == {second: 0}
+    # Two indexes left: the Job starts no more than 2 pods, so the second gets the other 2.
+    tail = {first: _running(first, 1000, 4, succeeded=998)}
+    assert _creation_shares(plan, tail, {}, Role.SEARCH) == {second: 2}
+    done = {first: _running(first, 1000, 4, succeeded=1000, finished="Complete")}
+    assert _creation_shares(plan, done, {}, Role.SEARCH) == {second: 4}
+    # A Job just created and not in the index yet still holds its share.
+    assert _creation_shares(plan, {}, {first: 4}, Role.SEARCH) == {second: 0}
 
 
 def _runtime(**settings: object) -> Runtime:
@@ -230,14 +264,23 @@ def test_fold_failed_indexes_suspension_missing_class_and_deadline() -> None:
     )
     late = fold_status(
         plan,
-        {name: _view(name, finished="Failed", reason="DeadlineExceeded")},
+        {name: _view(name, active=2, ready=2)},
         {},
         suspended=False,
         missing_classes={},
         results_url="u",
+        deadline_exceeded=True,
     )
     assert late.status["phase"] == "Failed"
     assert {c.type: c.reason for c in late.conditions}["Failed"] == "DeadlineExceeded"
+
+
+def test_the_deadline_counts_from_the_start_time() -> None:
+    assert not deadline_passed("", 60)
+    assert not deadline_passed("2026-01-01T00:00:00Z", None)
+    start = 1767225600.0  # 2026-01-01T00:00:00Z
+    assert not deadline_passed("2026-01-01T00:00:00Z", 60, now=start + 59)
+    assert deadline_passed("2026-01-01T00:00:00Z", 60, now=start + 60)
 
 
 def test_fold_verification_shows_how_speedups_carry_over() -> None:
@@ -291,7 +334,7 @@ def test_an_ended_job_removed_by_its_ttl_is_neither_recreated_nor_forgotten(tmp_
     )
     name = plan.shards[0].job_name
     ended = _view(name, succeeded=4, failed_indexes=frozenset({4}), completions=5, finished="Complete")
-    first = _Memory(created={name})
+    first = _Memory(created={name: 1})
     assert _record_ended(store, plan, {name: ended}, first)[name] == ended
     # The Job is deleted (TTL) while the operator runs: the status keeps its counts.
     assert _record_ended(store, plan, {}, first)[name].succeeded == 4
@@ -303,3 +346,67 @@ def test_an_ended_job_removed_by_its_ttl_is_neither_recreated_nor_forgotten(tmp_
         namespace="ns", name="other", uid=UID, spec=_spec(), tasks_total=5, max_indexes_per_job=2000
     )
     assert _record_ended(store, other, {}, _Memory()) == {}
+
+
+def _workload(job: str, *conditions: dict[str, str]) -> dict[str, Any]:
+    return {
+        "metadata": {"ownerReferences": [{"kind": "Job", "name": job}]},
+        "status": {"conditions": list(conditions)},
+    }
+
+
+def test_admission_says_which_jobs_wait_and_why() -> None:
+    pending = _workload(
+        "a",
+        {"type": "QuotaReserved", "status": "False", "reason": "Pending",
+         "message": "couldn't assign flavors to pod set main: insufficient unused quota for nvidia.com/gpu"},
+    )  # fmt: skip
+    admitted = _workload("b", {"type": "Admitted", "status": "True", "reason": "Admitted"})
+    waiting = admission_condition("gpus", ["a", "b", "c"], [pending, admitted, _workload("other")])
+    assert (waiting.status, waiting.reason) == ("False", "Queued")
+    assert "2 of 3 Job(s) wait in LocalQueue gpus" in waiting.message
+    assert "Job a: couldn't assign flavors" in waiting.message and "nvidia.com/gpu" in waiting.message
+    assert "Job c: Kueue has not made its Workload yet" in waiting.message
+    evicted = _workload("a", {"type": "Evicted", "status": "True", "reason": "Preempted", "message": "by x"})
+    assert admission_condition("gpus", ["a"], [evicted]).reason == "Evicted"
+    running = admission_condition("gpus", ["b"], [admitted])
+    assert (running.status, running.reason) == ("True", "Admitted")
+
+
+def test_outcomes_are_read_incrementally_by_the_indexes_that_ended(tmp_path: Path) -> None:
+    store = open_store(tmp_path)
+    spec = _spec(gpuClasses=["h100"], tasks=["kernelbench-v0:1:1-4"])
+    tasks = resolve_tasks(spec, open_store)
+    plan = make_plan(namespace="ns", name="inc", uid=UID, spec=spec, tasks_total=4, max_indexes_per_job=2000)
+    _write_plan(store, plan, tasks)
+    (shard,) = plan.shards
+    for task in tasks[:2]:
+        store.put_json(outcome_key(plan.prefix, Role.SEARCH, "h100", task.hash), _outcome_of(task))
+    memory = _Memory()
+    _read_outcomes(store, plan, {shard.job_name: _view(shard.job_name, completed_indexes="0-1")}, memory)
+    assert len(memory.outcomes) == 2  # the first pass lists the folder once
+    for task in tasks[2:]:
+        store.put_json(outcome_key(plan.prefix, Role.SEARCH, "h100", task.hash), _outcome_of(task))
+    listed: list[str] = []
+    original = store.list
+
+    def listing(prefix: str = "") -> Any:
+        listed.append(prefix)
+        return original(prefix)
+
+    store.list = listing  # type: ignore[method-assign]
+    _read_outcomes(store, plan, {shard.job_name: _view(shard.job_name, completed_indexes="0-1")}, memory)
+    assert len(memory.outcomes) == 2  # nothing ended since: nothing read
+    _read_outcomes(store, plan, {shard.job_name: _view(shard.job_name, completed_indexes="0-2")}, memory)
+    assert len(memory.outcomes) == 3  # index 2 ended: its task's record, by key
+    _read_outcomes(
+        store,
+        plan,
+        {shard.job_name: _view(shard.job_name, completed_indexes="0-2", failed_indexes=frozenset({3}))},
+        memory,
+    )
+    assert len(memory.outcomes) == 4 and listed == []
+
+
+def _outcome_of(task: Any) -> TaskOutcome:
+    return TaskOutcome(task_hash=task.hash, task_name=task.name, gpu_class="h100", ok=True, variants=1)

@@ -81,6 +81,11 @@ def test_chart_format_with_node_selector_and_own_tolerations(tmp_path: Path) -> 
         ),
         ({"classes": {"x": {"nodeSelector": {"a": 1}}}}, "classes.x.nodeSelector"),
         ({"classes": {}}, "classes must be a non-empty map"),
+        (
+            {"classes": {"x": {"products": ["a"], "requests": {"gpu": "1"}}}},
+            "classes.x.requests must be a map",
+        ),
+        ({"classes": {"x": {"products": ["a"], "requests": {"cpu": ""}}}}, "classes.x.requests.cpu"),
     ],
 )
 def test_bad_pool_files_name_the_field(document: object, message: str) -> None:
@@ -91,3 +96,19 @@ def test_bad_pool_files_name_the_field(document: object, message: str) -> None:
 def test_missing_pool_file_says_what_to_do(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="--pools FILE"):
         load_pools(tmp_path / "absent.yaml")
+
+
+def test_pods_request_cpu_and_memory_from_the_pool_with_defaults() -> None:
+    pools = parse_pools(
+        {"classes": {"big": {"products": ["a"], "requests": {"cpu": "8"}}, "plain": {"products": ["b"]}}}
+    )
+    assert pools["big"].requests == {"cpu": "8", "memory": "8Gi"}
+    assert pools["plain"].requests == {"cpu": "2", "memory": "8Gi"}
+    assert default_pools()["h100"].requests == {"cpu": "2", "memory": "8Gi"}
+
+
+def test_a_pool_file_that_sets_a_key_twice_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "pools.yaml"
+    path.write_text("version: 1\nclasses:\n  a: {products: [x]}\n  a: {products: [y]}\n")
+    with pytest.raises(UsageError, match="'a' is set twice"):
+        load_pools(path)

@@ -156,11 +156,15 @@ def _create(cluster: Any, document: dict[str, Any]) -> tuple[str, bool]:
     plural = PLURALS[document["kind"]]
     with api_errors(cluster, f"creating {document['kind']} {namespace}/{meta['name']}"):
         try:
-            cluster.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, plural, document)
+            # Strict, as kubectl asks: a field the CRD does not know (a typo) is an error that
+            # names it, not a warning while the API server drops it.
+            cluster.custom.create_namespaced_custom_object(
+                GROUP, VERSION, namespace, plural, document, field_validation="Strict"
+            )
             return meta["name"], True
         except ApiException as error:
             if error.status != 409:
-                if error.status == 422:
+                if error.status in (400, 422):
                     raise UsageError(
                         f"the API server refused {document['kind']} {meta['name']}: {_reason(error)}"
                     ) from None

@@ -32,6 +32,7 @@ from kernelfleet.core.resources import (
 )
 from kernelfleet.core.store import Store, open_store
 from kernelfleet.core.tasks import load_tasks
+from kernelfleet.operator import strict_yaml
 
 POLICY_FORMS = (
     "compile",
@@ -180,7 +181,7 @@ def read_manifests(path: str) -> list[dict[str, Any]]:
     except (OSError, UnicodeDecodeError) as error:
         raise UsageError(f"cannot read {path}: {error}; check the path") from None
     try:
-        documents = [doc for doc in yaml.safe_load_all(text) if doc]
+        documents = [doc for doc in strict_yaml.load_all(text) if doc]
     except yaml.YAMLError as error:
         raise UsageError(f"{path} is not valid YAML: {error}") from None
     if not documents:

@@ -18,7 +18,15 @@ class MinioServer:
     reaches it (it listens on 127.0.0.1 only), and nothing guessable protects it either.
     """
 
-    def __init__(self, workdir: Path, access_key: str | None = None, secret_key: str | None = None) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        access_key: str | None = None,
+        secret_key: str | None = None,
+        public_metrics: bool = False,
+    ) -> None:
+        """`public_metrics` serves Prometheus metrics (request counts by S3 API) without a token,
+        for a benchmark that counts a process's store requests."""
         self.port = free_port()
         self.access_key = access_key or "kf-" + secrets.token_hex(4)
         self.secret_key = secret_key or secrets.token_hex(16)
@@ -42,6 +50,7 @@ class MinioServer:
                 "MINIO_ROOT_PASSWORD": self.secret_key,
                 "MINIO_BROWSER": "off",
                 "MINIO_UPDATE": "off",
+                **({"MINIO_PROMETHEUS_AUTH_TYPE": "public"} if public_metrics else {}),
             },
         )
 
