@@ -22,6 +22,7 @@ from kernelfleet.operator._training_plan import RunRef
 from kernelfleet.operator.devcluster._jobset import install_crds
 from tests._servers._process import wait_for
 from tests.support.operator import OperatorProcess, apply_crds
+from tests.support.operator import training_run as manifest
 
 PLURAL = "trainingruns"
 WAIT_S = 60.0
@@ -46,23 +47,6 @@ def operator(kube: Any, store_dir: Path, tmp_path: Path) -> Iterator[OperatorPro
     process.start()
     yield process
     process.stop()
-
-
-def manifest(name: str, **spec: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "TrainingRun",
-        "metadata": {"name": name},
-        "spec": {
-            "baseModel": "s3://models/tiny",
-            "tasks": ["kernelbench-v0:1"],
-            "stages": [{"name": "sft", "type": "sft"}, {"name": "rl", "type": "grpo"}],
-            "gpuClass": "h100",
-            "rewardGpuClass": "l40",
-            "rewardGpus": 2,
-            **spec,
-        },
-    }
 
 
 def create(kube: Any, body: dict[str, Any]) -> RunRef:

@@ -33,7 +33,7 @@ def active(status: Mapping[str, Any], **_: Any) -> bool:
     return not status.get("completionTime")
 
 
-def expiring(spec: kopf.Spec, status: kopf.Status, **_: Any) -> bool:
+def expiring(spec: Mapping[str, Any], status: Mapping[str, Any], **_: Any) -> bool:
     """Ended, with a TTL: the `expire` daemon's filter."""
     return bool(status.get("completionTime")) and spec.get("ttlSecondsAfterFinished") is not None
 

@@ -11,6 +11,9 @@ prefix): the stage pods read it from there, and the run keeps that spec to its e
 edited later is not applied (its stages' checkpoints belong to the old one); the `Accepted`
 condition says so. `suspend` is the exception: it is read from the resource on every pass.
 
+The operator reaches the store with the keys of the run's namespace (its store Secret), as for
+an OptimizationJob, so a namespace's store policy bounds what its runs read and write.
+
 Deleting a TrainingRun deletes what it owns (JobSets, their Jobs and pods, the evaluation
 service's token) through owner references; the store keeps every checkpoint, dataset, metric and model.
 """
@@ -43,6 +46,7 @@ from kernelfleet.operator._app import Runtime, runtime
 from kernelfleet.operator._jobs import LABEL_OWNER_UID, LABEL_ROLE
 from kernelfleet.operator._kube import ApiError, core_path, custom_path
 from kernelfleet.operator._lifecycle import active, deadline_passed, expiring, ttl_passed
+from kernelfleet.operator._plan import SpecError
 from kernelfleet.operator._settings import OperatorSettings
 from kernelfleet.operator._status import status_diff
 from kernelfleet.operator._training_plan import (
@@ -68,7 +72,7 @@ from kernelfleet.operator._training_pods import (
     stage_jobset,
 )
 from kernelfleet.operator._training_status import fold_stages, read_stage, stages_to_read
-from kernelfleet.operator.optimizationjob import _missing_classes
+from kernelfleet.operator.optimizationjob import _missing_classes, namespace_credentials
 
 log = logging.getLogger("kernelfleet.operator.trainingrun")
 
@@ -243,7 +247,11 @@ async def reconcile(body: Mapping[str, Any], rt: Runtime, memo: Any) -> dict[str
     try:
         spec = TrainingRunSpec.model_validate(body.get("spec") or {})
         await _validate(rt, spec, run)
-    except (ValidationError, InvalidSpec) as error:
+        # The store with the keys of the run's namespace, never the operator's own: the run
+        # reaches only what its namespace may (the stage pods mount the same Secret). A missing
+        # Secret is reported like a bad spec and looked for again at the next pass.
+        credentials = await namespace_credentials(rt, namespace)
+    except (ValidationError, InvalidSpec, SpecError) as error:
         message = str(error)
         accepted = cond.Condition(cond.ACCEPTED, cond.FALSE, "InvalidSpec", message)
         return {
@@ -252,7 +260,7 @@ async def reconcile(body: Mapping[str, Any], rt: Runtime, memo: Any) -> dict[str
             "conditions": cond.set_conditions(conditions, [accepted], observed_generation=generation),
         }
     store_url = spec.store or rt.settings.default_store
-    store = rt.store(store_url)
+    store = rt.store(store_url, credentials)
     prefix = run.prefix
     layout = TrainingLayout(prefix)
     wanted = resolved_spec(spec, run, rt.settings.eval_gpu_class)
