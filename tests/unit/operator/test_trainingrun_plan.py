@@ -256,3 +256,16 @@ def test_an_ended_run_is_not_reconciled_and_expires_only_with_a_ttl() -> None:
     assert expiring(spec={"ttlSecondsAfterFinished": 0}, status=ended)
     assert not expiring(spec={}, status=ended)  # null: kept until deleted
     assert not expiring(spec={"ttlSecondsAfterFinished": 60}, status={"phase": "Running"})
+
+
+def test_a_run_that_ended_before_completion_time_existed_gets_one_and_nothing_else() -> None:
+    import asyncio
+
+    from kernelfleet.operator.trainingrun import reconcile
+
+    ended = {"phase": "Succeeded", "stagesDone": 3, "conditions": [{"type": "Complete", "status": "True"}]}
+    body = {"metadata": {"namespace": "team-a", "name": "coder", "uid": UID}, "spec": {}, "status": ended}
+    # No runtime: such a run's JobSets may be gone, and planning it again would restart its stages.
+    status = asyncio.run(reconcile(body, rt=None, memo=None))  # type: ignore[arg-type]
+    assert status == {**ended, "completionTime": status["completionTime"]} and status["completionTime"]
+    assert not active(status)
