@@ -8,8 +8,13 @@ pass that runs twice, or an operator killed halfway through one, creates nothing
 
 At the first pass the operator records the spec in the store (`run.json` under the run's
 prefix): the stage pods read it from there, and the run keeps that spec to its end. A spec
-edited later is not applied (its stages' checkpoints belong to the old one); the `Accepted`
-condition says so. `suspend` is the exception: it is read from the resource on every pass.
+edit is refused by the API server (CEL rules from `TrainingRunSpec.MUTABLE`: its stages'
+checkpoints belong to the recorded spec); should the record still differ, the run keeps it and
+the `Accepted` condition says so. The mutable fields (`suspend`, `ttlSecondsAfterFinished`,
+`activeDeadlineSeconds`) are read from the resource on every pass and never recorded.
+
+A run that ended gets `completionTime` and is not reconciled again (`_lifecycle`); its TTL
+deletes it, its deadline fails it and deletes the running stage's JobSet.
 
 The operator reaches the store with the keys of the run's namespace (its store Secret), as for
 an OptimizationJob, so a namespace's store policy bounds what its runs read and write.
