@@ -76,7 +76,10 @@ def immutability_rules(spec: type[BaseModel], schema: dict[str, Any]) -> list[di
     if mutable is None:
         return []
     allowed = ", ".join(f"spec.{name}" for name in mutable)
-    present = set(schema.get("required", [])) | {n for n, p in schema["properties"].items() if "default" in p}
+    # A null default is no default to the API server: such a field may be absent.
+    present = set(schema.get("required", [])) | {
+        n for n, p in schema["properties"].items() if p.get("default") is not None
+    }
 
     def unchanged(name: str) -> str:
         if name in present:

@@ -1,7 +1,8 @@
 """Store tenancy against the real MinIO, with a MinIO user and policy per namespace: the operator
 reaches the store of a job with the credentials of the job's namespace (its store Secret), not its
 own, so a job in namespace A can neither read B's prefix (a task selection pointing there is
-refused, naming the field) nor have its plan or outcomes anywhere but A's prefix."""
+refused, naming the field) nor have its plan or outcomes anywhere but A's prefix; a TrainingRun
+likewise records its spec with its namespace's keys."""
 
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ from minio import Minio, MinioAdmin
 from minio.credentials import StaticProvider
 from minio.error import S3Error
 
+from kernelfleet.core.resources import GROUP, VERSION
+from kernelfleet.operator.devcluster._jobset import install_crds
+from tests._servers._process import wait_for
 from tests.support.operator import (
     OperatorProcess,
     apply_crds,
@@ -22,6 +26,7 @@ from tests.support.operator import (
     create,
     optimization_job,
     read,
+    training_run,
     wait_condition,
 )
 
@@ -32,7 +37,7 @@ TASK = (ROOT / "examples" / "tasks").glob("*.py")
 
 def _policy(bucket: str, namespace: str) -> dict[str, Any]:
     """A tenant's policy: read and write its own prefixes only (its jobs' and its inputs')."""
-    prefixes = [f"kf/optimizationjobs/{namespace}/", f"teams/{namespace}/"]
+    prefixes = [f"kf/optimizationjobs/{namespace}/", f"kf/trainingruns/{namespace}/", f"teams/{namespace}/"]
     return {
         "Version": "2012-10-17",
         "Statement": [
@@ -121,6 +126,21 @@ def test_a_job_reaches_the_store_with_its_namespaces_credentials_only(
             message = (condition(refused, "Accepted") or {}).get("message", "")
             assert "spec.tasks[0]" in message and "access denied" in message, message
             assert read(kube, "theirs")["status"]["phase"] == "Failed"
+            # A TrainingRun too: its spec recorded under its own prefix with its namespace's keys,
+            # and a store URL into another namespace's prefix refused by the store, though the
+            # operator's own credentials could write there.
+            install_crds(kube.api_client)
+            run = _training_run(kube, "coder")
+            assert wait_for(
+                "the run's record",
+                lambda: _exists(
+                    store, minio.bucket, f"kf/trainingruns/{kube.namespace}/coder/{run}/run.json"
+                ),
+                timeout=WAIT_S,
+            )
+            _training_run(kube, "elsewhere", store=f"s3://{minio.bucket}/teams/{other}")
+            error = wait_for("ReconcileError", lambda: _run_condition(kube, "elsewhere"), timeout=WAIT_S)
+            assert error["status"] == "True" and "denied" in error["message"].lower(), error
         # What a worker pod of namespace A holds (A's keys) cannot read B's prefix.
         as_a = Minio(minio.endpoint, access_key=mine[0], secret_key=mine[1], secure=False)
         with pytest.raises(S3Error) as denied:
@@ -134,3 +154,23 @@ def _stream(data: bytes) -> Any:
     import io
 
     return io.BytesIO(data)
+
+
+def _training_run(kube: Any, name: str, **spec: Any) -> str:
+    body = training_run(name, stages=[{"name": "sft", "type": "sft"}], rewardGpus=0, **spec)
+    made = kube.custom.create_namespaced_custom_object(GROUP, VERSION, kube.namespace, "trainingruns", body)
+    return str(made["metadata"]["uid"])
+
+
+def _run_condition(kube: Any, name: str) -> dict[str, Any] | None:
+    found = kube.custom.get_namespaced_custom_object(GROUP, VERSION, kube.namespace, "trainingruns", name)
+    conditions = (found.get("status") or {}).get("conditions") or []
+    return next((c for c in conditions if c["type"] == "ReconcileError"), None)
+
+
+def _exists(store: Minio, bucket: str, key: str) -> bool:
+    try:
+        store.stat_object(bucket, key)
+    except S3Error:
+        return False
+    return True

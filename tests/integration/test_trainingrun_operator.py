@@ -3,8 +3,9 @@ JobSet's CRD from its module: the operator runs as `kernelfleet operator` in its
 the test plays the JobSet controller and the trainer, setting each JobSet's status and writing
 the trainer's records into a local store. What is checked is what the operator does: stage
 JobSets created one at a time in order, the RL stage's roles and token, suspend, status from the
-store, validation naming the field (the old `gpus` refused at admission), a spec change refused,
-and a SIGKILL with nothing duplicated. The JobSet controller's own part runs in the e2e tier."""
+store, validation naming the field (the old `gpus` refused at admission), a spec change refused
+at admission, the run's end (TTL, deadline), and a SIGKILL with nothing duplicated. The JobSet
+controller's own part runs in the e2e tier."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from kernelfleet.operator._training_plan import RunRef
 from kernelfleet.operator.devcluster._jobset import install_crds
 from tests._servers._process import wait_for
 from tests.support.operator import OperatorProcess, apply_crds
+from tests.support.operator import training_run as manifest
 
 PLURAL = "trainingruns"
 WAIT_S = 60.0
@@ -45,23 +47,6 @@ def operator(kube: Any, store_dir: Path, tmp_path: Path) -> Iterator[OperatorPro
     process.start()
     yield process
     process.stop()
-
-
-def manifest(name: str, **spec: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "TrainingRun",
-        "metadata": {"name": name},
-        "spec": {
-            "baseModel": "s3://models/tiny",
-            "tasks": ["kernelbench-v0:1"],
-            "stages": [{"name": "sft", "type": "sft"}, {"name": "rl", "type": "grpo"}],
-            "gpuClass": "h100",
-            "rewardGpuClass": "l40",
-            "rewardGpus": 2,
-            **spec,
-        },
-    }
 
 
 def create(kube: Any, body: dict[str, Any]) -> RunRef:
@@ -334,24 +319,73 @@ def test_what_the_schema_cannot_check_is_refused_naming_the_field(
     assert not jobsets(kube)
 
 
-def test_a_spec_changed_after_the_start_is_not_applied(kube: Any, operator: Any, store_dir: Path) -> None:
+def test_a_spec_change_is_refused_at_admission_but_suspend_ttl_and_deadline_apply(
+    kube: Any, operator: Any, store_dir: Path
+) -> None:
+    from kubernetes.client.exceptions import ApiException
+
     run = create(kube, manifest("frozen", rewardGpus=0))
     sft = run.jobset_name("sft")
     wait_for("the sft JobSet", lambda: jobsets(kube).get(sft), timeout=WAIT_S)
+    with pytest.raises(ApiException) as refused:
+        kube.custom.patch_namespaced_custom_object(
+            GROUP, VERSION, kube.namespace, PLURAL, run.name, {"spec": {"baseModel": "s3://models/other"}}
+        )
+    assert refused.value.status == 422
+    body = str(refused.value.body)
+    assert "spec.baseModel cannot be changed" in body and "create a new one" in body
+    # The mutable fields change, and the run keeps its recorded spec (they are not part of it).
+    change = {"ttlSecondsAfterFinished": 600, "activeDeadlineSeconds": 86400}
     kube.custom.patch_namespaced_custom_object(
-        GROUP, VERSION, kube.namespace, PLURAL, run.name, {"spec": {"baseModel": "s3://models/other"}}
+        GROUP, VERSION, kube.namespace, PLURAL, run.name, {"spec": change}
     )
-
-    def ignored() -> bool:
-        accepted = condition(kube, run, "Accepted") or {}
-        return accepted.get("reason") == "SpecChangeIgnored"
-
-    wait_for("the change to be refused", ignored, timeout=WAIT_S)
-    accepted = condition(kube, run, "Accepted") or {}
-    assert accepted["status"] == "True" and "create a new TrainingRun" in accepted["message"]
     _, recorded = read_run_record(open_store(store_dir), TrainingLayout(run.prefix))
     assert recorded.base_model == "s3://models/tiny"
+    assert (condition(kube, run, "Accepted") or {}).get("reason") == "Recorded"
     assert list(jobsets(kube)) == [sft]
+
+
+def test_a_finished_run_records_its_end_and_is_deleted_after_its_ttl(kube: Any, operator: Any) -> None:
+    one_stage = [{"name": "sft", "type": "sft"}]
+    run = create(kube, manifest("short", rewardGpus=0, stages=one_stage, ttlSecondsAfterFinished=2))
+    sft = run.jobset_name("sft")
+    wait_for("the sft JobSet", lambda: jobsets(kube).get(sft), timeout=WAIT_S)
+    assert status(kube, run).get("startTime")
+    finish(kube, sft)
+
+    def ended() -> dict[str, Any] | None:
+        try:
+            current = status(kube, run)
+        except Exception:  # deleted already: the TTL was quicker than this look
+            return {"deleted": True}
+        return current if current.get("completionTime") else None
+
+    current = wait_for("completionTime", ended, timeout=WAIT_S)
+    if "deleted" not in current:
+        assert current["phase"] == "Succeeded" and current["completionTime"] >= current["startTime"]
+
+    def deleted() -> bool:
+        listed = kube.custom.list_namespaced_custom_object(GROUP, VERSION, kube.namespace, PLURAL)
+        return run.name not in [item["metadata"]["name"] for item in listed["items"]]
+
+    wait_for("the run deleted after its TTL", deleted, timeout=WAIT_S)
+    # Its JobSet is owned by it: the garbage collector (not run by this control plane) deletes it.
+    assert [o["uid"] for o in jobsets(kube)[sft]["metadata"]["ownerReferences"]] == [run.uid]
+
+
+def test_past_its_deadline_a_run_fails_and_its_stage_jobset_goes(kube: Any, operator: Any) -> None:
+    run = create(kube, manifest("late", rewardGpus=0, activeDeadlineSeconds=3))
+    sft = run.jobset_name("sft")
+    wait_for("the sft JobSet", lambda: jobsets(kube).get(sft), timeout=WAIT_S)
+    run_trainer(kube, sft)
+    wait_for("phase Failed", lambda: status(kube, run).get("phase") == "Failed", timeout=WAIT_S)
+    failed = condition(kube, run, "Failed") or {}
+    assert failed.get("status") == "True" and failed.get("reason") == "DeadlineExceeded"
+    assert "activeDeadlineSeconds" in failed["message"]
+    assert status(kube, run).get("completionTime")
+    wait_for("the JobSet deleted", lambda: sft not in jobsets(kube), timeout=WAIT_S)
+    # The next stage never starts.
+    assert run.jobset_name("rl") not in jobsets(kube)
 
 
 def test_a_store_it_cannot_write_is_reported_in_a_condition(kube: Any, tmp_path: Path) -> None:

@@ -159,6 +159,24 @@ def optimization_job(name: str, **spec: Any) -> dict[str, Any]:
     }
 
 
+def training_run(name: str, **spec: Any) -> dict[str, Any]:
+    """A small TrainingRun manifest (two stages: sft, then an RL stage with its own evaluator)."""
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "TrainingRun",
+        "metadata": {"name": name},
+        "spec": {
+            "baseModel": "s3://models/tiny",
+            "tasks": ["kernelbench-v0:1"],
+            "stages": [{"name": "sft", "type": "sft"}, {"name": "rl", "type": "grpo"}],
+            "gpuClass": "h100",
+            "rewardGpuClass": "l40",
+            "rewardGpus": 2,
+            **spec,
+        },
+    }
+
+
 def create(kube: Any, body: dict[str, Any]) -> dict[str, Any]:
     result: dict[str, Any] = kube.custom.create_namespaced_custom_object(
         GROUP, VERSION, kube.namespace, "optimizationjobs", body

@@ -431,7 +431,13 @@ class TrainingRunSpec(_Spec):
     torchrun rank per GPU), and for an RL stage the `generator` role (a vLLM server in trl's
     server mode) and the `reward` role (`kernelfleet eval serve`), created, admitted and ended
     together.
+
+    The spec is fixed once created, except the fields in MUTABLE: the operator records it in the
+    store at the first pass and the stages train with that record to the end (their checkpoints
+    belong to it). The CRD refuses any other change (CEL rules generated from this list).
     """
+
+    MUTABLE: ClassVar[tuple[str, ...]] = ("suspend", "ttlSecondsAfterFinished", "activeDeadlineSeconds")
 
     model_config = ConfigDict(
         json_schema_extra={
@@ -517,7 +523,28 @@ class TrainingRunSpec(_Spec):
     suspend: bool = Field(
         default=False,
         description="Pause: the current stage's JobSet stops (every role; it resumes from its newest "
-        "checkpoint), freeing every GPU the run holds.",
+        "checkpoint), freeing every GPU the run holds. Mutable.",
+    )
+    managed_by: str = Field(
+        default="",
+        max_length=63,
+        pattern=MANAGED_BY_PATTERN,
+        description="spec.managedBy of each stage's JobSet: kueue.x-k8s.io/multikueue lets MultiKueue run "
+        "it on a worker cluster; empty: this cluster's JobSet controller.",
+    )
+    ttl_seconds_after_finished: int | None = Field(
+        default=None,
+        ge=0,
+        description="Seconds after the run ends (Complete or Failed) when the resource and its JobSets "
+        "are deleted; checkpoints, models and reports stay in the store. Null: kept until deleted. "
+        "Mutable.",
+    )
+    active_deadline_seconds: int | None = Field(
+        default=None,
+        ge=1,
+        description="Seconds from the run's start after which it is failed (reason DeadlineExceeded) and "
+        "its current stage's JobSet is deleted; checkpoints already saved stay in the store. Null: no "
+        "limit. Mutable.",
     )
 
     @model_validator(mode="after")
@@ -556,4 +583,8 @@ class TrainingRunStatus(_Spec):
     checkpoint: str = Field(default="", description="Store URL of the newest checkpoint.")
     stages: list[TrainingStageStatus] = Field(default_factory=list)
     report: str = Field(default="", description="Store URL of the held-out report.")
+    start_time: str = Field(default="", description="When the operator first reconciled the run.")
+    completion_time: str = Field(
+        default="", description="When the run ended (Succeeded or Failed); it is not reconciled after."
+    )
     conditions: list[Condition] = Field(default_factory=list)

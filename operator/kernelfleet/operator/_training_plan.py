@@ -52,6 +52,9 @@ class Phase(enum.StrEnum):
     FAILED = "Failed"
 
 
+DEADLINE_EXCEEDED = "DeadlineExceeded"
+
+
 class JobState(enum.StrEnum):
     """A stage JobSet as far as the plan cares."""
 
@@ -178,7 +181,8 @@ def runs_own_generator(spec: TrainingRunSpec, stage: TrainingStage) -> bool:
 def resolved_spec(spec: TrainingRunSpec, run: RunRef, default_reward_class: str = "") -> TrainingRunSpec:
     """The spec the stage pods train with, as recorded in the store at the run's start.
 
-    `suspend` is the operator's business, not the trainer's, so it is recorded as False; an RL
+    The spec's MUTABLE fields (`suspend`, the TTL, the deadline) are the operator's business, not
+    the trainer's, and may change while the run goes on, so they are recorded unset; an RL
     stage with an evaluator of its own gets that role's URL as `reward.serviceUrl`, and one with
     a generator of its own that server's URL as `grpo.vllm_server_base_url`, which is how the
     trainer finds them; an empty `rewardGpuClass` becomes the class the service runs on
@@ -199,7 +203,12 @@ def resolved_spec(spec: TrainingRunSpec, run: RunRef, default_reward_class: str 
             )
             stage = stage.model_copy(update={"grpo": grpo})
         stages.append(stage)
-    update: dict[str, object] = {"stages": stages, "suspend": False}
+    update: dict[str, object] = {
+        "stages": stages,
+        "suspend": False,
+        "ttl_seconds_after_finished": None,
+        "active_deadline_seconds": None,
+    }
     if own and not spec.reward_gpu_class:
         update["reward_gpu_class"] = default_reward_class or spec.gpu_class
     return spec.model_copy(update=update)
@@ -220,7 +229,10 @@ class Plan:
     suspend_jobset: bool | None = None
     """The `spec.suspend` the current stage's JobSet should have (None: leave it as it is)."""
     delete_jobset: bool = False
-    """Delete the current stage's JobSet (a queued run that is suspended frees its quota)."""
+    """Delete the current stage's JobSet (a queued run that is suspended frees its quota, a run
+    past its deadline stops)."""
+    reason: str = ""
+    """The conditions' reason when it is not the phase's name (DeadlineExceeded)."""
 
 
 def current_stage(spec: TrainingRunSpec, jobs: Mapping[str, JobView]) -> TrainingStage | None:
@@ -237,10 +249,13 @@ def plan_run(
     *,
     suspend: bool | None = None,
     queue: str | None = None,
+    deadline_exceeded: bool = False,
 ) -> Plan:
     """The next step of the run from its spec and the state of its stage JobSets.
 
-    `suspend` and `queue` (the Kueue LocalQueue) default to the spec's.
+    `suspend` and `queue` (the Kueue LocalQueue) default to the spec's. Past the deadline
+    (`spec.activeDeadlineSeconds`) a run that has not ended fails and its current stage's JobSet
+    goes; the checkpoints that stage saved stay in the store.
     """
     suspend = spec.suspend if suspend is None else suspend
     queue = spec.queue_name if queue is None else queue
@@ -253,6 +268,10 @@ def plan_run(
     job = jobs.get(stage.name, MISSING_JOB)
     if job.state == JobState.FAILED:
         return Plan(Phase.FAILED, f"{where} failed: {job.message or 'its JobSet failed'}", stage)
+    if deadline_exceeded:
+        message = f"spec.activeDeadlineSeconds passed at {where}: stopped; its checkpoints stay in the store"
+        stop = job.state != JobState.MISSING
+        return Plan(Phase.FAILED, message, stage, delete_jobset=stop, reason=DEADLINE_EXCEEDED)
     if suspend:
         message = f"suspended at {where}; resuming continues from its newest checkpoint"
         if queue:

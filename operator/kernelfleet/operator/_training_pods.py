@@ -344,12 +344,16 @@ def stage_jobset(
     if spec.queue_name:
         metadata["labels"][KUEUE_QUEUE_LABEL] = spec.queue_name
     usage = f"failed with exit code {EXIT_USAGE} matching FailJob rule"
+    jobset_spec: dict[str, Any] = {"suspend": suspend or bool(spec.queue_name)}
+    if spec.managed_by:
+        # Another controller (MultiKueue) runs the JobSet; this cluster's JobSet controller leaves it.
+        jobset_spec["managedBy"] = spec.managed_by
     return {
         "apiVersion": JOBSET_API,
         "kind": "JobSet",
         "metadata": metadata,
         "spec": {
-            "suspend": suspend or bool(spec.queue_name),
+            **jobset_spec,
             "network": {"enableDNSHostnames": True, "publishNotReadyAddresses": True},
             "successPolicy": {"operator": "All", "targetReplicatedJobs": [ROLE_TRAINER]},
             "failurePolicy": {

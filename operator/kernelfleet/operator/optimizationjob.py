@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -65,6 +64,7 @@ from kernelfleet.operator._jobs import (
     store_env,
 )
 from kernelfleet.operator._kube import ApiError, core_path, custom_path, jobs_path
+from kernelfleet.operator._lifecycle import active, deadline_passed, expiring, ttl_passed
 from kernelfleet.operator._plan import SpecError, make_plan, resolve_tasks
 from kernelfleet.operator._settings import OperatorSettings
 from kernelfleet.operator._status import best, median, status_diff
@@ -944,7 +944,7 @@ async def reconcile(
         if not status.get("startTime"):
             desired["startTime"] = cond.now()
         if desired["phase"] in ("Succeeded", "Failed") and not status.get("completionTime"):
-            desired["completionTime"] = cond.now()  # the end: the timer stops (see _active)
+            desired["completionTime"] = cond.now()  # the end: the timer stops (see _lifecycle.active)
     except (SpecError, ValidationError, UsageError) as error:
         message = (
             str(error) if not isinstance(error, ValidationError) else f"spec is invalid: {error.errors()[0]}"
@@ -999,26 +999,6 @@ async def forget(meta: kopf.Meta, memo: Any, **_: Any) -> None:
     runtime(memo).limiter.forget(uid)
 
 
-def _active(status: kopf.Status, **_: Any) -> bool:
-    """Reconciled until it ends: a resource with completionTime has nothing left to do."""
-    return not status.get("completionTime")
-
-
-def _expiring(spec: kopf.Spec, status: kopf.Status, **_: Any) -> bool:
-    return bool(status.get("completionTime")) and spec.get("ttlSecondsAfterFinished") is not None
-
-
-def _parse_time(text: str) -> float:
-    return datetime.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC).timestamp()
-
-
-def deadline_passed(start_time: str, deadline_s: int | None, now: float | None = None) -> bool:
-    """Whether spec.activeDeadlineSeconds has passed since status.startTime."""
-    if deadline_s is None or not start_time:
-        return False
-    return (time.time() if now is None else now) >= _parse_time(start_time) + deadline_s
-
-
 async def _stop_jobs(rt: Runtime, namespace: str, views: Mapping[str, JobView]) -> None:
     """Past the deadline: delete the Jobs still running (their pods stop; outcomes stay)."""
     for view in views.values():
@@ -1030,27 +1010,12 @@ async def _stop_jobs(rt: Runtime, namespace: str, views: Mapping[str, JobView]) 
 async def expire(
     spec: kopf.Spec, status: kopf.Status, meta: kopf.Meta, memo: Any, stopped: Any, **_: Any
 ) -> None:
-    """ttlSecondsAfterFinished: delete the finished resource (its Jobs go with it through their
-    owner references; the results stay in the store). A daemon that sleeps until then, so a
-    finished resource costs no request; `spec` is live, so a changed TTL is seen."""
-    rt = runtime(memo)
-    while not stopped:
-        ttl = spec.get("ttlSecondsAfterFinished")
-        finished = status.get("completionTime")
-        if ttl is None or not finished:
-            return
-        remaining = _parse_time(finished) + int(ttl) - time.time()
-        if remaining <= 0:
-            with contextlib.suppress(ApiError):
-                await rt.kube.delete(resource_path(meta.namespace or "", meta.name or ""))
-            log.info(
-                "%s/%s: deleted %ss after it finished (ttlSecondsAfterFinished)",
-                meta.namespace,
-                meta.name,
-                ttl,
-            )
-            return
-        await stopped.wait(min(remaining, 300.0))
+    """ttlSecondsAfterFinished: delete the finished resource; its Jobs go with it through
+    their owner references, and what it wrote stays in the store."""
+    if await ttl_passed(spec, status, stopped):
+        with contextlib.suppress(ApiError):  # gone already: someone was quicker
+            await runtime(memo).kube.delete(resource_path(meta.namespace or "", meta.name or ""))
+        log.info("%s/%s: deleted after it finished (ttlSecondsAfterFinished)", meta.namespace, meta.name)
 
 
 def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> None:
@@ -1059,10 +1024,10 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> Non
     kopf.index("batch", "v1", "jobs", labels={OWNER_LABEL: kopf.PRESENT}, registry=registry, id=INDEX)(
         index_jobs
     )
-    kopf.timer(GROUP, VERSION, PLURAL, interval=interval_s, when=_active, registry=registry, id="reconcile")(
+    kopf.timer(GROUP, VERSION, PLURAL, interval=interval_s, when=active, registry=registry, id="reconcile")(
         reconcile
     )
-    kopf.daemon(GROUP, VERSION, PLURAL, when=_expiring, registry=registry, id="expire")(expire)
+    kopf.daemon(GROUP, VERSION, PLURAL, when=expiring, registry=registry, id="expire")(expire)
     kopf.on.delete(GROUP, VERSION, PLURAL, optional=True, registry=registry, id="forget")(forget)
 
 

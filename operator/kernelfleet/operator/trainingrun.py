@@ -8,8 +8,16 @@ pass that runs twice, or an operator killed halfway through one, creates nothing
 
 At the first pass the operator records the spec in the store (`run.json` under the run's
 prefix): the stage pods read it from there, and the run keeps that spec to its end. A spec
-edited later is not applied (its stages' checkpoints belong to the old one); the `Accepted`
-condition says so. `suspend` is the exception: it is read from the resource on every pass.
+edit is refused by the API server (CEL rules from `TrainingRunSpec.MUTABLE`: its stages'
+checkpoints belong to the recorded spec); should the record still differ, the run keeps it and
+the `Accepted` condition says so. The mutable fields (`suspend`, `ttlSecondsAfterFinished`,
+`activeDeadlineSeconds`) are read from the resource on every pass and never recorded.
+
+A run that ended gets `completionTime` and is not reconciled again (`_lifecycle`); its TTL
+deletes it, its deadline fails it and deletes the running stage's JobSet.
+
+The operator reaches the store with the keys of the run's namespace (its store Secret), as for
+an OptimizationJob, so a namespace's store policy bounds what its runs read and write.
 
 Deleting a TrainingRun deletes what it owns (JobSets, their Jobs and pods, the evaluation
 service's token) through owner references; the store keeps every checkpoint, dataset, metric and model.
@@ -18,6 +26,7 @@ service's token) through owner references; the store keeps every checkpoint, dat
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Mapping
 from dataclasses import replace
@@ -41,6 +50,8 @@ from kernelfleet.operator import _conditions as cond
 from kernelfleet.operator._app import Runtime, runtime
 from kernelfleet.operator._jobs import LABEL_OWNER_UID, LABEL_ROLE
 from kernelfleet.operator._kube import ApiError, core_path, custom_path
+from kernelfleet.operator._lifecycle import active, deadline_passed, expiring, ttl_passed
+from kernelfleet.operator._plan import SpecError
 from kernelfleet.operator._settings import OperatorSettings
 from kernelfleet.operator._status import status_diff
 from kernelfleet.operator._training_plan import (
@@ -66,7 +77,7 @@ from kernelfleet.operator._training_pods import (
     stage_jobset,
 )
 from kernelfleet.operator._training_status import fold_stages, read_stage, stages_to_read
-from kernelfleet.operator.optimizationjob import _missing_classes
+from kernelfleet.operator.optimizationjob import _missing_classes, namespace_credentials
 
 log = logging.getLogger("kernelfleet.operator.trainingrun")
 
@@ -83,6 +94,10 @@ JOBSET_GROUP, JOBSET_VERSION, JOBSETS = "jobset.x-k8s.io", "v1alpha2", "jobsets"
 
 class JobSetMissing(KernelfleetError):
     """The cluster serves no JobSet API; the `ReconcileError` condition says what to install."""
+
+
+def _resource(namespace: str, name: str) -> str:
+    return custom_path(GROUP, VERSION, PLURAL, namespace, name)
 
 
 def _jobsets(namespace: str, name: str = "") -> str:
@@ -154,7 +169,7 @@ def _store_work(store: Store, layout: TrainingLayout, names: list[str]) -> tuple
 
 def _conditions(plan: Plan, accepted: cond.Condition) -> list[cond.Condition]:
     phase = plan.phase
-    reason = phase.value
+    reason = plan.reason or phase.value
     return [
         accepted,
         cond.Condition(
@@ -230,10 +245,18 @@ async def reconcile(body: Mapping[str, Any], rt: Runtime, memo: Any) -> dict[str
     run = RunRef(namespace, name, uid)
     old_status = dict(body.get("status") or {})
     conditions = old_status.get("conditions") or []
+    if old_status.get("phase") in TERMINAL:
+        # Ended before completionTime was recorded: record it, and touch nothing else (its
+        # JobSets may be gone, and a plan made now would start its stages again).
+        return {**old_status, "completionTime": old_status.get("completionTime") or cond.now()}
     try:
         spec = TrainingRunSpec.model_validate(body.get("spec") or {})
         await _validate(rt, spec, run)
-    except (ValidationError, InvalidSpec) as error:
+        # The store with the keys of the run's namespace, never the operator's own: the run
+        # reaches only what its namespace may (the stage pods mount the same Secret). A missing
+        # Secret is reported like a bad spec and looked for again at the next pass.
+        credentials = await namespace_credentials(rt, namespace)
+    except (ValidationError, InvalidSpec, SpecError) as error:
         message = str(error)
         accepted = cond.Condition(cond.ACCEPTED, cond.FALSE, "InvalidSpec", message)
         return {
@@ -242,7 +265,7 @@ async def reconcile(body: Mapping[str, Any], rt: Runtime, memo: Any) -> dict[str
             "conditions": cond.set_conditions(conditions, [accepted], observed_generation=generation),
         }
     store_url = spec.store or rt.settings.default_store
-    store = rt.store(store_url)
+    store = rt.store(store_url, credentials)
     prefix = run.prefix
     layout = TrainingLayout(prefix)
     wanted = resolved_spec(spec, run, rt.settings.eval_gpu_class)
@@ -273,14 +296,18 @@ async def reconcile(body: Mapping[str, Any], rt: Runtime, memo: Any) -> dict[str
             output = await _last_output(rt, namespace, jobsets[stage_name]["metadata"]["name"])
             if output:
                 views[stage_name] = replace(view, message=f"{view.message}; its last output: {output}")
-    # `suspend` is read from the resource on every pass; the queue is the recorded spec's.
-    plan = plan_run(recorded, views, suspend=spec.suspend)
+    # `suspend` and the deadline are read from the resource on every pass (they are mutable);
+    # the queue is the recorded spec's.
+    started = old_status.get("startTime") or cond.now()
+    late = deadline_passed(started, spec.active_deadline_seconds)
+    plan = plan_run(recorded, views, suspend=spec.suspend, deadline_exceeded=late)
     await _act(rt, body, recorded, plan, jobsets, prefix, store_url)
 
     previous = _previous_stages(old_status)
     names = stages_to_read(recorded, views, previous)
     records, report = await asyncio.to_thread(_store_work, store, layout, names)
     folded = fold_stages(recorded, plan, views, records, previous)
+    ended = plan.phase.value in TERMINAL
     status = TrainingRunStatus(
         phase=plan.phase.value,
         observed_generation=generation,
@@ -289,6 +316,8 @@ async def reconcile(body: Mapping[str, Any], rt: Runtime, memo: Any) -> dict[str
         checkpoint=folded.checkpoint,
         stages=folded.stages,
         report=report,
+        start_time=started,
+        completion_time=old_status.get("completionTime") or (cond.now() if ended else ""),
     ).model_dump(mode="json", by_alias=True)
     classes = [recorded.gpu_class]
     if any(runs_own_evaluator(recorded, stage, run) for stage in recorded.stages):
@@ -367,8 +396,9 @@ TERMINAL = (Phase.SUCCEEDED.value, Phase.FAILED.value)
 _WARNINGS = frozenset({cond.FAILED, cond.GPU_CLASS_UNAVAILABLE, cond.RECONCILE_ERROR})
 
 
-async def _pass(body: kopf.Body, rt: Runtime, memo: Any, logger: Any) -> None:
-    """One reconcile and status patch; an error becomes the `ReconcileError` condition."""
+async def _pass(body: kopf.Body, rt: Runtime, memo: Any, logger: Any) -> dict[str, Any]:
+    """One reconcile and status patch; an error becomes the `ReconcileError` condition.
+    Returns the status patched."""
     rt.metrics.inc("reconciles_total", kind=KIND)
     try:
         status = await reconcile(body, rt, memo)
@@ -379,6 +409,7 @@ async def _pass(body: kopf.Body, rt: Runtime, memo: Any, logger: Any) -> None:
         logger.warning(f"reconcile failed, retrying at the next pass: {error}")
         status = _error_status(body, reason, str(error))
     await _patch_status(rt, body, status)
+    return status
 
 
 def _error_status(body: Mapping[str, Any], reason: str, message: str) -> dict[str, Any]:
@@ -394,12 +425,17 @@ async def follow(body: kopf.Body, memo: Any, stopped: kopf.DaemonStopped, logger
 
     A daemon rather than a timer: kopf keeps its `body` current from the watch, so a changed
     `suspend` is seen at the next pass, and one run's slow store never delays another's. A
-    finished run is not reconciled again: nothing of it can change any more.
+    finished run (`completionTime` in its status) is not reconciled again: nothing of it can
+    change any more, so the daemon ends (and its filter keeps it from starting again, at a
+    restart too) and what it kept in memory goes.
     """
     rt = runtime(memo)
-    while not stopped:
-        if (body.get("status") or {}).get("phase") not in TERMINAL:
-            await _pass(body, rt, memo, logger)
+    while not stopped and active(body.get("status") or {}):
+        status = await _pass(body, rt, memo, logger)
+        if status.get("completionTime"):
+            memo.training_record = None
+            rt.limiter.forget(body["metadata"]["uid"])
+            return
         await stopped.wait(rt.settings.status_interval_s)
 
 
@@ -408,7 +444,21 @@ async def forget(body: kopf.Body, memo: Any, **_: Any) -> None:
     runtime(memo).limiter.forget(body["metadata"]["uid"])
 
 
+async def expire(
+    spec: kopf.Spec, status: kopf.Status, meta: kopf.Meta, memo: Any, stopped: Any, **_: Any
+) -> None:
+    """ttlSecondsAfterFinished: delete the finished resource; its JobSets go with it through
+    their owner references, and what it wrote stays in the store."""
+    if await ttl_passed(spec, status, stopped):
+        with contextlib.suppress(ApiError):  # gone already: someone was quicker
+            await runtime(memo).kube.delete(_resource(meta.namespace or "", meta.name or ""))
+        log.info("%s/%s: deleted after it finished (ttlSecondsAfterFinished)", meta.namespace, meta.name)
+
+
 def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> None:
     """Add the TrainingRun handlers to the operator's registry (see `_app.register_kinds`)."""
-    kopf.daemon(GROUP, VERSION, PLURAL, registry=registry, id="follow", cancellation_timeout=10.0)(follow)
+    kopf.daemon(
+        GROUP, VERSION, PLURAL, when=active, registry=registry, id="follow", cancellation_timeout=10.0
+    )(follow)
+    kopf.daemon(GROUP, VERSION, PLURAL, when=expiring, registry=registry, id="expire")(expire)
     kopf.on.delete(GROUP, VERSION, PLURAL, optional=True, registry=registry, id="forget")(forget)

@@ -9,6 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from kernelfleet.core.resources import TrainingRunSpec
+from kernelfleet.operator._lifecycle import active, expiring
 from kernelfleet.operator._training_plan import (
     EVAL_PORT,
     GENERATOR_PORT,
@@ -132,6 +133,37 @@ def test_who_evaluates_the_rewards(extra: dict[str, Any], reward: dict[str, Any]
     assert runs_own_evaluator(run, run.stages[0], RUN) is own
 
 
+def test_past_the_deadline_a_running_run_fails_and_its_stage_jobset_goes() -> None:
+    plan = plan_run(spec(), {"sft": DONE, "selftrain": RUNNING}, deadline_exceeded=True)
+    assert plan.phase == Phase.FAILED and plan.reason == "DeadlineExceeded"
+    assert plan.stage is not None and plan.stage.name == "selftrain"
+    assert plan.delete_jobset and not plan.create_jobset
+    assert "activeDeadlineSeconds" in plan.message and "checkpoints stay" in plan.message
+    # Gone already (an earlier pass deleted it): still Failed, nothing more to delete or create.
+    gone = plan_run(spec(), {"sft": DONE}, deadline_exceeded=True)
+    assert gone.phase == Phase.FAILED and not gone.delete_jobset and not gone.create_jobset
+    # A run that ended before its deadline keeps its end.
+    done = {"sft": DONE, "selftrain": DONE, "grpo": DONE}
+    assert plan_run(spec(), done, deadline_exceeded=True).phase == Phase.SUCCEEDED
+    failed = plan_run(spec(), {"sft": JobView(JobState.FAILED, message="oom")}, deadline_exceeded=True)
+    assert failed.phase == Phase.FAILED and failed.reason == ""
+
+
+def test_the_spec_is_immutable_but_for_suspend_ttl_and_deadline() -> None:
+    assert TrainingRunSpec.MUTABLE == ("suspend", "ttlSecondsAfterFinished", "activeDeadlineSeconds")
+    fields = {field.alias or name for name, field in TrainingRunSpec.model_fields.items()}
+    assert set(TrainingRunSpec.MUTABLE) <= fields
+
+
+def test_the_recorded_spec_leaves_out_what_may_change_during_the_run() -> None:
+    run = spec(suspend=True, ttlSecondsAfterFinished=60, activeDeadlineSeconds=3600)
+    recorded = resolved_spec(run, RUN)
+    # The record the pods train with equals the one of the same run with other mutable values,
+    # so an edit of suspend, the TTL or the deadline is never a "changed spec".
+    assert recorded == resolved_spec(spec(), RUN)
+    assert recorded.ttl_seconds_after_finished is None and recorded.active_deadline_seconds is None
+
+
 def test_the_recorded_spec_names_the_services_and_never_suspend() -> None:
     run = spec(
         suspend=True,
@@ -215,3 +247,25 @@ def test_the_reward_class_is_fixed_in_the_record_from_the_spec_the_operator_or_t
     assert resolved_spec(own_default, RUN).reward_gpu_class == "h100"  # the run's gpuClass
     no_service = spec(stages=stages, rewardGpuClass="", rewardGpus=0)
     assert resolved_spec(no_service, RUN, "a100").reward_gpu_class == ""
+
+
+def test_an_ended_run_is_not_reconciled_and_expires_only_with_a_ttl() -> None:
+    assert active({}) and active({"phase": "Running", "startTime": "2026-01-01T00:00:00Z"})
+    assert not active({"phase": "Succeeded", "completionTime": "2026-01-01T00:00:00Z"})
+    ended = {"completionTime": "2026-01-01T00:00:00Z"}
+    assert expiring(spec={"ttlSecondsAfterFinished": 0}, status=ended)
+    assert not expiring(spec={}, status=ended)  # null: kept until deleted
+    assert not expiring(spec={"ttlSecondsAfterFinished": 60}, status={"phase": "Running"})
+
+
+def test_a_run_that_ended_before_completion_time_existed_gets_one_and_nothing_else() -> None:
+    import asyncio
+
+    from kernelfleet.operator.trainingrun import reconcile
+
+    ended = {"phase": "Succeeded", "stagesDone": 3, "conditions": [{"type": "Complete", "status": "True"}]}
+    body = {"metadata": {"namespace": "team-a", "name": "coder", "uid": UID}, "spec": {}, "status": ended}
+    # No runtime: such a run's JobSets may be gone, and planning it again would restart its stages.
+    status = asyncio.run(reconcile(body, rt=None, memo=None))  # type: ignore[arg-type]
+    assert status == {**ended, "completionTime": status["completionTime"]} and status["completionTime"]
+    assert not active(status)

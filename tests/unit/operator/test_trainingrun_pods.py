@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+from pydantic import ValidationError
+
 from kernelfleet.core.resources import TrainingRunSpec
 from kernelfleet.operator._jobs import Owner
 from kernelfleet.operator._pools import default_pools
@@ -240,6 +243,16 @@ def test_a_queued_stage_carries_the_queue_label_and_starts_suspended() -> None:
     jobset = jobset_of(spec(queueName="team-a-gpus"), 0)
     assert jobset["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a-gpus"
     assert jobset["spec"]["suspend"] is True
+
+
+def test_managed_by_is_passed_to_each_stage_jobset_for_multikueue() -> None:
+    for stage in (0, 1):
+        jobset = jobset_of(spec(managedBy="kueue.x-k8s.io/multikueue", queueName="team-a-gpus"), stage)
+        assert jobset["spec"]["managedBy"] == "kueue.x-k8s.io/multikueue"
+    # Unset: the field is left out, so this cluster's JobSet controller runs the JobSet.
+    assert "managedBy" not in jobset_of(spec(), 0)["spec"]
+    with pytest.raises(ValidationError, match="managedBy"):
+        spec(managedBy="not a controller name")
 
 
 def test_the_evaluation_service_gets_every_evaluation_setting_of_the_spec() -> None:
