@@ -41,11 +41,12 @@ from kernelfleet.core.errors import EvaluationCancelled, UsageError
 from kernelfleet.core.hashing import source_hash
 from kernelfleet.core.models import Environment, EvaluationResult, ResultKey, Task, Timing, Verdict
 from kernelfleet.evaluator._cache import ResultCache
+from kernelfleet.evaluator._compiled import build_env, seal
 from kernelfleet.evaluator._config import EvalConfig
 from kernelfleet.evaluator._devicelock import DeviceLock
 from kernelfleet.evaluator._environment import gpu_class, host_name, local_cpus
 from kernelfleet.evaluator._gpugate import GpuGate
-from kernelfleet.evaluator._ops import needs_native_build
+from kernelfleet.evaluator._ops import needs_native_build, uses_torch_compile
 from kernelfleet.evaluator._protocol import Evaluation, Outcome, Sides
 from kernelfleet.evaluator._reference_pool import ReferencePool, ReferencePools
 from kernelfleet.evaluator._sandbox import Sandbox, Walls, detect, resolve_level, sandbox_for
@@ -344,6 +345,11 @@ class _Item:
     cancel: threading.Event = dataclasses.field(default_factory=threading.Event)
     state: str = "pending"  # pending, building, running
     stages: dict[str, float] = dataclasses.field(default_factory=dict)
+    evaluation: Evaluation | None = None  # the build or process pair working on it now
+    cpu_seen: tuple[float, float] = (0.0, 0.0)  # (monotonic time, its processes' CPU seconds) last asked
+
+    def working_on(self, evaluation: Evaluation) -> None:
+        self.evaluation, self.cpu_seen = evaluation, (time.monotonic(), 0.0)
 
 
 class Metrics:
@@ -479,6 +485,11 @@ class Evaluator:
         self._banks: dict[tuple[str, ...], list[float]] = {}
         self._banks_lock = threading.Lock()
         self._pools = ReferencePools()
+        # torch.compile candidates' caches, compiled once per (task, source) in this session and
+        # sealed (see _compiled): the directory, and each key's seal (None: not usable).
+        self._compiled = self.config.build_root / "compiled" / f"{os.getpid()}-{secrets.token_hex(4)}"
+        self._seals: dict[str, dict[str, str] | None] = {}
+        self._seal_locks: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
         self.metrics = Metrics()
 
     # -- lifecycle
@@ -503,6 +514,7 @@ class Evaluator:
             self._builds.shutdown(wait=False, cancel_futures=True)
         for item in items:
             self._cancelled(item)
+        shutil.rmtree(self._compiled, ignore_errors=True)
 
     # -- environment
 
@@ -595,7 +607,15 @@ class Evaluator:
         at_once = self._lane_slots() * _device_count(self.config.device)
         return 2 * at_once + self._compile_workers() + 2
 
-    def _sides(self, config: EvalConfig, lane: _Lane | None, env: dict[str, str]) -> Sides:
+    def _sides(
+        self,
+        config: EvalConfig,
+        lane: _Lane | None,
+        env: dict[str, str],
+        *,
+        compiles: bool = False,
+        read: tuple[str, ...] = (),
+    ) -> Sides:
         level = self.isolation
         report = detect()
         memory = config.memory_limit_bytes or _half_memory()
@@ -608,6 +628,7 @@ class Evaluator:
             # A C++/CUDA candidate loads its extension from its own build directory (keyed by its
             # source: no other code's build is there), and may touch it there.
             write=(env["TORCH_EXTENSIONS_DIR"],) if "TORCH_EXTENSIONS_DIR" in env else (),
+            read=read,
             cpus=lane.pinned_cpus(config) if lane else (),
         )
         judge = Walls(seccomp=report.seccomp, cpus=lane.pinned_cpus(config) if lane else ())
@@ -616,10 +637,12 @@ class Evaluator:
             child_env["CUDA_VISIBLE_DEVICES"] = lane.visible
         if lane is not None and lane.arch and "TORCH_CUDA_ARCH_LIST" not in os.environ:
             child_env["TORCH_CUDA_ARCH_LIST"] = lane.arch
-        return Sides(level, candidate, judge, child_env)
+        return Sides(level, candidate, judge, child_env, compiles)
 
-    def _judge_job(self, message: dict[str, Any], lane: _Lane | None, timeout: float) -> Outcome:
-        sides = self._sides(self.config, lane, {})
+    def _judge_job(
+        self, message: dict[str, Any], lane: _Lane | None, timeout: float, *, compiles: bool = False
+    ) -> Outcome:
+        sides = self._sides(self.config, lane, {}, compiles=compiles)
         evaluation = Evaluation(self._sandbox(), sides, self.config, "", "", 0, timeout=timeout)
         return evaluation.judge_only(message)
 
@@ -835,10 +858,18 @@ class Evaluator:
             trials = min(config.correctness_trials, config.retime_correctness_trials)
             config = config.model_copy(update={"correctness_trials": trials})
         self.metrics.lane_active(lane.index, 1)
+        compiled = self._seals.get(self._compile_key(item)) if uses_torch_compile(item.code) else None
+        root = str(self._compiled / self._compile_key(item))
         try:
             evaluation = Evaluation(
                 self._sandbox(),
-                self._sides(config, lane, self._env(item.code, lane)),
+                self._sides(
+                    config,
+                    lane,
+                    self._env(item.code, lane),
+                    compiles=uses_torch_compile(item.code),
+                    read=(root,) if compiled is not None else (),
+                ),
                 config,
                 item.task.code,
                 item.code,
@@ -852,7 +883,9 @@ class Evaluator:
                 gpu_gate=lane.gate if config.exclusive_timing else None,
                 timing_cpu=lane.timing_cpu(config) if self._pins_timing(config, lane) else None,
                 launch_floor=lane.launch_floor(config),
+                compile_cache={"root": root, "files": compiled} if compiled is not None else None,
             )
+            item.working_on(evaluation)
             outcome = evaluation.run()
         finally:
             release_lane()
@@ -1021,20 +1054,49 @@ class Evaluator:
         threshold = config.speedup_recheck
         return threshold is not None and speedup >= threshold
 
+    def _compile_key(self, item: _Item) -> str:
+        """The directory of a torch.compile candidate's sealed cache: its task and its source."""
+        return f"{item.task.hash[:16]}-{source_hash(item.code)[:24]}"
+
     def _build(self, item: _Item, lane: _Lane) -> EvaluationResult | None:
         """Compile a C++/CUDA candidate on the CPU side, walled in like any candidate but able to
         write its own build directory; a result only when it fails. The limit is CPU time (the
         build's own, compilers included), with a wall-time ceiling of three times that for a
         build that waits on something other than the CPU. Each build worker compiles with its
-        fixed share of the CPUs (build_jobs)."""
+        fixed share of the CPUs (build_jobs).
+
+        A torch.compile candidate compiles here too, once per task and source in this session,
+        into a directory that is sealed when the build has exited (see _compiled); its build
+        gives no result: whatever fails there, its evaluation finds and reports itself."""
+        key = self._compile_key(item)
+        native = needs_native_build(item.code)
+        with self._seal_locks[key]:
+            compiles = uses_torch_compile(item.code) and key not in self._seals
+            if native or compiles:
+                return self._build_now(item, lane, native=native, compiles=compiles)
+        return None
+
+    def _build_now(
+        self, item: _Item, lane: _Lane, *, native: bool, compiles: bool
+    ) -> EvaluationResult | None:
         config = item.config
-        build_dir = self._build_dir(item.code, lane)
-        build_dir.mkdir(parents=True, exist_ok=True)
-        sides = self._sides(config, lane, self._env(item.code, lane))
+        env = self._env(item.code, lane)
+        write = []
+        if native:
+            build_dir = self._build_dir(item.code, lane)
+            build_dir.mkdir(parents=True, exist_ok=True)
+            write.append(str(build_dir))
+        compiled = self._compiled / self._compile_key(item)
+        if compiles:
+            shutil.rmtree(compiled, ignore_errors=True)
+            compiled.mkdir(parents=True)
+            write.append(str(compiled))
+            env.update(build_env(compiled))
+        sides = self._sides(config, lane, env, compiles=uses_torch_compile(item.code))
         jobs = build_jobs(len(sides.candidate.cpus) or len(os.sched_getaffinity(0)), self._compile_workers())
         env = {**sides.env, "MAX_JOBS": os.environ.get("MAX_JOBS", str(jobs))}
         sides = dataclasses.replace(sides, env=env)
-        walls = dataclasses.replace(sides.candidate, write=(str(build_dir),))
+        walls = dataclasses.replace(sides.candidate, write=tuple(write))
         evaluation = Evaluation(
             self._sandbox(),
             sides,
@@ -1045,9 +1107,16 @@ class Evaluator:
             timeout=3 * config.compile_timeout_s,
             cancel=item.cancel,
         )
+        item.working_on(evaluation)
         outcome = evaluation.build(walls, config.compile_timeout_s)
         item.stages["build"] = outcome.seconds
         answer = outcome.answer
+        if compiles:  # its process has exited: nothing writes the directory from now on
+            built = answer is not None and answer.get("built") is True
+            sealed = seal(compiled, config.scratch_bytes // 4) if built else None
+            self._seals[self._compile_key(item)] = sealed
+        if not native:
+            return None
         if answer is None:
             return self._failure(outcome, item, lane, "building")
         if answer.get("built"):
@@ -1130,7 +1199,9 @@ class Evaluator:
             if self._closed:
                 raise RuntimeError("the evaluator is closed; create a new Evaluator")
             self._items.add(item)
-        if needs_native_build(text):
+        if needs_native_build(text) or (
+            uses_torch_compile(text) and self._compile_key(item) not in self._seals
+        ):
             assert self._builds is not None
             self.metrics.add(building=1)
             item.state = "building"
@@ -1156,6 +1227,32 @@ class Evaluator:
                 if item.future is future:
                     return item.state
         return "pending"
+
+    def _item(self, future: concurrent.futures.Future[EvaluationResult]) -> _Item | None:
+        with self._pipeline_lock:
+            return next((i for i in self._items if i.future is future), None)
+
+    def activity(self, future: concurrent.futures.Future[EvaluationResult]) -> str:
+        """What a submitted evaluation is doing, for a progress line: its phase, and whether its
+        processes are working (the CPU they used since the last time asked) or waiting, so that
+        a long compile reads apart from a stuck candidate; with the bound that ends it."""
+        item = self._item(future)
+        evaluation = item.evaluation if item is not None else None
+        if item is None or evaluation is None:
+            return "queued" if item is not None else "done"
+        phase, cpu = evaluation.activity()
+        now = time.monotonic()
+        (then, before), item.cpu_seen = item.cpu_seen, (now, cpu)
+        window, used = now - then, max(0.0, cpu - before)
+        if item.state == "building":
+            bound = f"a build is stopped after {item.config.compile_timeout_s:g} s of CPU"
+        else:
+            bound = f"it is killed at the {item.config.timeout_seconds:g} s evaluation timeout (--timeout)"
+        if window > 0 and used < 0.05 * window:
+            doing = f"its processes used {used:.1f} s of CPU in the last {window:.0f} s: waiting, or stuck"
+        else:
+            doing = f"working: {used:.0f} s of CPU in the last {window:.0f} s"
+        return f"{phase}, {doing}; {bound}"
 
     def _done(
         self, item: _Item, result: EvaluationResult | None = None, error: BaseException | None = None
@@ -1222,7 +1319,7 @@ class Evaluator:
         cache: ResultCache | None = None,
         progress: bool = False,
         stop: Callable[[float], bool] | None = None,
-        slow: Callable[[Task, str, float], None] | None = None,
+        slow: Callable[[Task, str, float, str], None] | None = None,
     ) -> list[EvaluationResult]:
         """Judge many candidates over all devices of this evaluator; results in input order.
 
@@ -1232,9 +1329,9 @@ class Evaluator:
         `stop(seconds)`, asked a few times a second with the seconds the evaluations now running
         have spent so far, ends the batch when it answers True: nothing new starts, what runs
         is killed, and `BatchCancelled` carries the results that did finish (the cancelled ones
-        are not cached, so they run again next time). `slow(task, variant_hash, seconds)` names
-        an evaluation that has run for `SLOW_AFTER_S`, and again every `SLOW_AFTER_S` after; the
-        progress bar names it too.
+        are not cached, so they run again next time). `slow(task, variant_hash, seconds, activity)`
+        names an evaluation that has been building or running for `SLOW_AFTER_S`, and again every
+        `SLOW_AFTER_S` after, with what it is doing (`activity`); the progress bar names it too.
         """
         self._start()
         pairs = list(items)
@@ -1294,8 +1391,9 @@ class Evaluator:
                     break
                 now = time.monotonic()
                 for future in pending:
-                    if self.state(future) != "running":
-                        continue
+                    item = self._item(future)
+                    if item is None or item.evaluation is None:
+                        continue  # queued: its time starts with its build or its first process pair
                     since = running_since.setdefault(future, now)
                     if now - since >= reported.get(future, 0.0) + SLOW_AFTER_S:
                         reported[future] = now - since
@@ -1303,7 +1401,7 @@ class Evaluator:
                         text = f"{task.name} {source_hash(code)[:12]} running {now - since:.0f} s"
                         bar.set_postfix_str(text)
                         if slow is not None:
-                            slow(task, source_hash(code), now - since)
+                            slow(task, source_hash(code), now - since, self.activity(future))
                 if stop is not None and pending:
                     running = [f for f in pending if f.running()]
                     for future in running:
@@ -1352,7 +1450,8 @@ class Evaluator:
             lane.gate.close()
             self.metrics.lane_held(lane.index, True)
             try:
-                outcome = self._judge_job(message, lane, timeout)
+                compiles = any(mode.startswith("compile") for mode in self.config.baseline_modes)
+                outcome = self._judge_job(message, lane, timeout, compiles=compiles)
             finally:
                 self.metrics.lane_held(lane.index, False)
                 lane.gate.open()

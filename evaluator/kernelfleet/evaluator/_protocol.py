@@ -111,6 +111,8 @@ class Sides:
     candidate: Walls
     judge: Walls
     env: dict[str, str]
+    # The children run torch.compile: the zygote readies inductor once before it forks them.
+    compiles: bool = False
 
 
 class Evaluation:
@@ -134,6 +136,7 @@ class Evaluation:
         gpu_gate: GpuGate | None = None,
         timing_cpu: int | None = None,
         launch_floor: LaunchFloor | None = None,
+        compile_cache: dict[str, Any] | None = None,
     ) -> None:
         self.sandbox = sandbox
         self.sides = sides
@@ -159,6 +162,10 @@ class Evaluation:
         # The device's fastest launch level so far (EvalConfig.launch_tolerance); None: keep
         # whichever processes start.
         self.launch_floor = launch_floor
+        # The candidate's sealed torch.compile cache ({"root", "files"}, see _compiled): each
+        # candidate process restores it before it loads the candidate.
+        self.compile_cache = compile_cache
+        self.phase = "starting its processes"  # what it does now, for the progress (`activity`)
         self.timing_now = False  # this evaluation holds the timing lane: its steps pass
         self.reasons: list[str] = []
         self.settings: dict[str, str] = {}
@@ -185,7 +192,7 @@ class Evaluation:
 
     def _spawn(self, role: str, walls: Walls, env: dict[str, str]) -> SandboxChild:
         try:
-            return self.sandbox.spawn(role, walls, env)
+            return self.sandbox.spawn(role, walls, env, compiles=self.sides.compiles)
         except SandboxError as error:
             raise _JudgeFailed(f"the sandbox could not start the {role}: {error}") from None
 
@@ -236,8 +243,10 @@ class Evaluation:
         """This device's timing lane, held for the block (this evaluation's own GPU steps pass the
         gate meanwhile); yields the seconds waited for it, which are not the candidate's time."""
         begin = time.monotonic()
+        phase, self.phase = self.phase, "waiting for the device's timing lane"
         if self.take_lane is not None:
             self.take_lane()
+        self.phase = phase
         waited = time.monotonic() - begin
         self.deadline += waited
         self.timing_now = True
@@ -259,6 +268,15 @@ class Evaluation:
         not held: imports and the model's construction run beside timings, as set-up."""
         if self.gpu_gate is not None and self.cand is not None:
             self.gpu_gate.hold(self, host_pid(self.sandbox, self.cand))
+
+    def activity(self) -> tuple[str, float]:
+        """What the evaluation does now, and the CPU seconds its processes have used so far
+        (the build's, or the judge's and the candidate's, compilers included)."""
+        cpu = 0.0
+        for child in (self.judge, self.cand):
+            pid = host_pid(self.sandbox, child) if child is not None else 0
+            cpu += tree_cpu_seconds(pid) if pid else 0.0
+        return self.phase, cpu
 
     def _receive(self, child: SandboxChild) -> dict[str, Any]:
         while True:
@@ -505,6 +523,7 @@ class Evaluation:
             with self.stage("launch_level"):
                 self.judge = self._settled("judge", self.judge, self.sides.judge)
                 self.cand = self._settled("candidate", self.cand, self.sides.candidate)
+        self.phase = "loading the reference"
         setup = self.ask_judge(
             {
                 "op": "setup",
@@ -526,6 +545,7 @@ class Evaluation:
         timing: dict[str, Any] = {}
         loaded = False
         try:
+            self.phase = "loading the candidate"
             with self.stage("candidate_load"):
                 answer = self.ask(
                     {
@@ -536,11 +556,15 @@ class Evaluation:
                         "init_seed": setup["init_seed"],
                         "specs": setup["specs"],
                         "init_inputs": setup["init"],
+                        **({"compile_cache": self.compile_cache} if self.compile_cache is not None else {}),
                     }
                 )
             self._merge_stages(answer)
             loaded = True
             self._hold_candidate()
+            self.phase = "checking correctness" + (
+                "" if self.compile_cache is None else " (torch.compile restored from its build)"
+            )
             with self.stage("correctness"):
                 self._correctness()
                 self._inspect()
@@ -820,6 +844,7 @@ class Evaluation:
         with self._lane_held() as waited:
             if self.take_lane is not None:
                 self.stages["lane_wait"] = self.stages.get("lane_wait", 0.0) + waited
+            self.phase = "timing"
             with self.stage("timing"):
                 return self._time_pair(*(bank or self._timing_inputs()))
 
@@ -1061,6 +1086,7 @@ class Evaluation:
         answer: dict[str, Any] | None = None
         timed_out = cancelled = False
         description = ""
+        self.phase = "building in the build pool" + (" (torch.compile)" if self.sides.compiles else "")
         self.cand = self._spawn_build(build_walls)
         try:
             pid = host_pid(self.sandbox, self.cand)
@@ -1075,6 +1101,7 @@ class Evaluation:
                     "candidate": self.code,
                     "reference": self.reference,
                     "device": self.config.device,
+                    "config": self.config.model_dump(mode="json"),
                 }
             )
             while True:
@@ -1107,7 +1134,7 @@ class Evaluation:
 
     def _spawn_build(self, walls: Walls) -> SandboxChild:
         try:
-            return self.sandbox.spawn("candidate", walls, self.sides.env)
+            return self.sandbox.spawn("candidate", walls, self.sides.env, compiles=self.sides.compiles)
         except SandboxError as error:
             raise RuntimeError(f"the sandbox could not start a build: {error}") from None
 

@@ -351,6 +351,7 @@ class Walls:
     file_bytes: int | None = None
     processes: int | None = None
     write: tuple[str, ...] = ()
+    read: tuple[str, ...] = ()  # beyond `read_paths()`: a candidate's sealed torch.compile cache
     # The CPUs the child runs on, set before anything else it does (EvalConfig.pin_processes):
     # before CUDA starts, so that the driver's host-side buffers are made there. (): as the sandbox.
     cpus: tuple[int, ...] = ()
@@ -360,7 +361,7 @@ class Walls:
             "cpus": list(self.cpus),
             "landlock": self.landlock,
             "seccomp": self.seccomp,
-            "read": read_paths() if self.landlock else [],
+            "read": [*read_paths(), *self.read] if self.landlock else [],
             "write": list(self.write),
             "limits": {
                 "memory_bytes": self.memory_bytes,
@@ -589,9 +590,10 @@ class Sandbox:
 
     # -- children
 
-    def spawn(self, role: str, walls: Walls, env: dict[str, str]) -> SandboxChild:
+    def spawn(self, role: str, walls: Walls, env: dict[str, str], *, compiles: bool = False) -> SandboxChild:
         """Fork one child in the sandbox; it raises `walls` around itself before anything
-        else. SandboxError when the sandbox cannot."""
+        else. `compiles`: it will run torch.compile, which the zygote readies once before it
+        forks the first such child (that fork waits for it). SandboxError when the sandbox cannot."""
         control = self._ensure()
         ident = next(self._ids)
         channel, theirs = _pair()
@@ -603,7 +605,14 @@ class Sandbox:
         with self._lock:
             self._pending[ident] = (event, answer)
             self._children[ident] = child
-        request = {"op": "spawn", "id": ident, "role": role, "walls": walls.to_json(), "env": env}
+        request = {
+            "op": "spawn",
+            "id": ident,
+            "role": role,
+            "walls": walls.to_json(),
+            "env": env,
+            "compiles": compiles,
+        }
         try:
             with self._lock:
                 control.send(request, fds=[theirs.fileno(), log_fd])
@@ -613,8 +622,9 @@ class Sandbox:
         finally:
             theirs.close()
             os.close(log_fd)
-        if not event.wait(120):
-            raise SandboxError("the sandbox did not fork a child within 120 s")
+        # Readying torch.compile (once per sandbox) may come first: 30 s on 2 busy cores.
+        if not event.wait(600):
+            raise SandboxError("the sandbox did not fork a child within 600 s")
         self._pending.pop(ident, None)
         if answer.get("op") != "spawned":
             self._children.pop(ident, None)

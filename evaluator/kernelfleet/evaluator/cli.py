@@ -272,12 +272,8 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
 
-        def slow(_: Task, __: str, seconds: float) -> None:
-            print(
-                f"still evaluating {args.candidate} after {seconds:.0f} s (it is killed at "
-                f"{config.timeout_seconds:g} s, --timeout)",
-                file=sys.stderr,
-            )
+        def slow(_: Task, __: str, seconds: float, activity: str) -> None:
+            print(f"still evaluating {args.candidate} after {seconds:.0f} s: {activity}", file=sys.stderr)
 
         result = evaluator.evaluate_batch([(task, candidate)], progress=False, slow=slow)[0]
         if R.REFERENCE_ERROR in R.codes(result.reasons):

@@ -68,7 +68,7 @@ class EvaluatorLike(Protocol):
         cache: Any = None,
         progress: bool = False,
         stop: Callable[[float], bool] | None = None,
-        slow: Callable[[Task, str, float], None] | None = None,
+        slow: Callable[[Task, str, float, str], None] | None = None,
     ) -> list[EvaluationResult]: ...
 
     def baselines(self, task: Task) -> dict[str, Timing]: ...
@@ -559,11 +559,11 @@ class OptimizationLoop:
             if state.db.add(entry) and entry.successful:
                 state.best_seen = max(entry.speedup or 0.0, state.best_seen or 0.0)
 
-    def _slow(self, task: Task, variant_hash: str, seconds: float) -> None:
-        """An evaluation that runs long is named, so a user sees which candidate holds the run."""
+    def _slow(self, task: Task, variant_hash: str, seconds: float, activity: str) -> None:
+        """An evaluation that runs long is named, so a user sees which candidate holds the run,
+        and what it does: a long compile reads apart from a stuck evaluation."""
         self.progress.message(
-            f"{task.name}: variant {variant_hash[:12]} has been evaluating for {seconds:.0f} s "
-            "(it is killed at the evaluation timeout, --timeout)"
+            f"{task.name}: variant {variant_hash[:12]} has been evaluating for {seconds:.0f} s: {activity}"
         )
 
     def _record_result(self, result: EvaluationResult) -> None:
