@@ -1240,7 +1240,7 @@ class Evaluator:
         evaluation = item.evaluation if item is not None else None
         if item is None or evaluation is None:
             return "queued" if item is not None else "done"
-        phase, cpu = evaluation.activity()
+        phase, cpu, runnable = evaluation.activity()
         now = time.monotonic()
         (then, before), item.cpu_seen = item.cpu_seen, (now, cpu)
         window, used = now - then, max(0.0, cpu - before)
@@ -1248,10 +1248,15 @@ class Evaluator:
             bound = f"a build is stopped after {item.config.compile_timeout_s:g} s of CPU"
         else:
             bound = f"it is killed at the {item.config.timeout_seconds:g} s evaluation timeout (--timeout)"
-        if window > 0 and used < 0.05 * window:
-            doing = f"its processes used {used:.1f} s of CPU in the last {window:.0f} s: waiting, or stuck"
-        else:
+        if window <= 0 or used >= 0.05 * window:
             doing = f"working: {used:.0f} s of CPU in the last {window:.0f} s"
+        elif runnable:
+            doing = (
+                f"waiting for a CPU: {used:.1f} s of CPU in the last {window:.0f} s, its processes runnable "
+                "(a busy machine)"
+            )
+        else:
+            doing = f"its processes used {used:.1f} s of CPU in the last {window:.0f} s: waiting, or stuck"
         return f"{phase}, {doing}; {bound}"
 
     def _done(

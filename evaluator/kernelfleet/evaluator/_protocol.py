@@ -45,7 +45,7 @@ from kernelfleet.evaluator._cputime import tree_cpu_seconds
 from kernelfleet.evaluator._gpugate import GateCancelled, GpuGate
 from kernelfleet.evaluator._guards import PRECISION_FLAGS
 from kernelfleet.evaluator._ops import builds_custom_kernel, declared_kernels, fallback_sets
-from kernelfleet.evaluator._sandbox import Sandbox, SandboxChild, SandboxError, Walls, host_pid
+from kernelfleet.evaluator._sandbox import Sandbox, SandboxChild, SandboxError, Walls, descendants, host_pid
 from kernelfleet.evaluator._timing import (
     AdaptiveTiming,
     LaunchFloor,
@@ -191,10 +191,16 @@ class Evaluation:
     # ------------------------------------------------------------ plumbing
 
     def _spawn(self, role: str, walls: Walls, env: dict[str, str]) -> SandboxChild:
+        self._note_start()
         try:
             return self.sandbox.spawn(role, walls, env, compiles=self.sides.compiles)
         except SandboxError as error:
             raise _JudgeFailed(f"the sandbox could not start the {role}: {error}") from None
+
+    def _note_start(self) -> None:
+        """The phase while a process starts: what the sandbox may make it wait for."""
+        waits = self.sandbox.waits_on(self.sides.compiles)
+        self.phase = "starting its processes" + (f" ({waits})" if waits else "")
 
     def _settled(self, role: str, child: SandboxChild, walls: Walls) -> SandboxChild:
         """`child`, or a fresh process in its place while its launch level is more than
@@ -269,14 +275,17 @@ class Evaluation:
         if self.gpu_gate is not None and self.cand is not None:
             self.gpu_gate.hold(self, host_pid(self.sandbox, self.cand))
 
-    def activity(self) -> tuple[str, float]:
-        """What the evaluation does now, and the CPU seconds its processes have used so far
-        (the build's, or the judge's and the candidate's, compilers included)."""
-        cpu = 0.0
+    def activity(self) -> tuple[str, float, bool]:
+        """What the evaluation does now, the CPU seconds its processes have used so far (the
+        build's, or the judge's and the candidate's, compilers included), and whether one of
+        them is running or waiting for a CPU."""
+        cpu, runnable = 0.0, False
         for child in (self.judge, self.cand):
             pid = host_pid(self.sandbox, child) if child is not None else 0
-            cpu += tree_cpu_seconds(pid) if pid else 0.0
-        return self.phase, cpu
+            if pid:
+                cpu += tree_cpu_seconds(pid)
+                runnable = runnable or _runnable(pid)
+        return self.phase, cpu, runnable
 
     def _receive(self, child: SandboxChild) -> dict[str, Any]:
         while True:
@@ -1086,8 +1095,8 @@ class Evaluation:
         answer: dict[str, Any] | None = None
         timed_out = cancelled = False
         description = ""
-        self.phase = "building in the build pool" + (" (torch.compile)" if self.sides.compiles else "")
         self.cand = self._spawn_build(build_walls)
+        self.phase = "building in the build pool" + (" (torch.compile)" if self.sides.compiles else "")
         try:
             pid = host_pid(self.sandbox, self.cand)
             if pid:
@@ -1133,6 +1142,7 @@ class Evaluation:
         )
 
     def _spawn_build(self, walls: Walls) -> SandboxChild:
+        self._note_start()
         try:
             return self.sandbox.spawn("candidate", walls, self.sides.env, compiles=self.sides.compiles)
         except SandboxError as error:
@@ -1206,6 +1216,20 @@ def clock_mismatch(inside: dict[str, list[float]], outside: dict[str, list[float
             f"least {lower_quartile:.3f} ms longer from outside than the judge's did beyond theirs",
         )
     return None
+
+
+def _runnable(root: int) -> bool:
+    """Whether `root` or a process below it is running or waiting for a CPU (state R): one
+    starved of CPU on a busy machine is not stuck; one that sleeps or waits on a lock may be."""
+    for pid in [root, *descendants(root)]:
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
+                text = handle.read()
+        except OSError:
+            continue
+        if text[text.rindex(")") + 2 :].split()[:1] == ["R"]:
+            return True
+    return False
 
 
 def _broken(detail: str) -> str:

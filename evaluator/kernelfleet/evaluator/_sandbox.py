@@ -453,6 +453,16 @@ class Sandbox:
         self._cgroup: str | None = None
         self._alive = False
         self._closed = False
+        self._compile_ready = False  # the zygote has readied torch.compile (`spawn(compiles=True)`)
+
+    def waits_on(self, compiles: bool) -> str:
+        """What a spawn now may wait for besides the fork itself, for the progress: '' or a
+        clause (the zygote starting, which imports torch; it readying torch.compile)."""
+        if not self._alive:
+            return "the sandbox is starting (it imports torch once)"
+        if compiles and not self._compile_ready:
+            return "the sandbox readies torch.compile for its children (once: inductor's CPU checks)"
+        return ""
 
     @property
     def uses_bwrap(self) -> bool:
@@ -631,6 +641,7 @@ class Sandbox:
             raise SandboxError(f"the sandbox could not fork: {answer.get('error')}")
         child.pid = int(answer.get("pid", 0))
         child.scratch = str(answer.get("scratch", ""))
+        self._compile_ready = self._compile_ready or compiles
         return child
 
     def kill(self, child: SandboxChild) -> None:
