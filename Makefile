@@ -31,8 +31,9 @@ sandbox-tools:
 	  { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && apt-get install -y -q bubblewrap >/dev/null 2>&1; } || \
 	  echo "note: bubblewrap (bwrap) is not installed: install it for the strongest sandbox (docs/sandbox.md)"
 
+# Every server the test tiers start, Kueue's controller included (the e2e tier runs it).
 binaries:
-	scripts/build-test-binaries.sh
+	scripts/build-test-binaries.sh kube etcd minio kwok helm jobset kueue
 
 demo: install
 	$(VENV)/bin/kernelfleet optimize examples/tasks --policy compile --policy replay:examples/candidates.jsonl --rounds 2

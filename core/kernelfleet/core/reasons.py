@@ -27,6 +27,7 @@ CONSTANT_OUTPUT = "constant-output"
 HARNESS_BROKEN = "harness-broken"  # the evaluator's code in the candidate's process failed or lied
 MALFORMED_OUTPUT = "malformed-output"  # an output file that does not describe itself truthfully
 CLOCK_MISMATCH = "clock-mismatch"  # the candidate's own timings disagree with the clock outside it
+COMPILE_CACHE_CHANGED = "compile-cache-changed"  # its sealed torch.compile cache changed after its build
 
 # Plain failures.
 OUTPUT_MISMATCH = "output-mismatch"
@@ -81,6 +82,7 @@ REJECTING = frozenset(
         HARNESS_BROKEN,
         MALFORMED_OUTPUT,
         CLOCK_MISMATCH,
+        COMPILE_CACHE_CHANGED,
     }
 )
 

@@ -36,6 +36,7 @@ from kernelfleet.evaluator._child import (
     pin_inductor_threads,
     runtime_failure,
 )
+from kernelfleet.evaluator._compiled import restore
 from kernelfleet.evaluator._config import EvalConfig
 from kernelfleet.evaluator._extensions import share_builds_across_processes
 from kernelfleet.evaluator._modules import load_module, load_module_at, module_file
@@ -65,6 +66,19 @@ for _name in (
     G.register_harness_module(_name)
 
 _INPUT_LIMIT = 1 << 40  # files the judge wrote: trusted sizes
+
+
+def prepare_torch(config: EvalConfig, device: torch.device) -> None:
+    """The torch settings a candidate runs under: the profile's flags and grad mode, the CPU
+    threads. The build's warm-up takes them too, so that what it compiles (keyed by them) is
+    what the evaluation's processes look up."""
+    profile = config.profile_rules
+    if profile.strict_fp32:
+        G.apply_strict_fp32()
+    if device.type == "cpu" and config.cpu_threads is not None:
+        torch.set_num_threads(config.cpu_threads)
+    pin_inductor_threads()
+    torch.set_grad_enabled(not profile.no_grad)
 
 
 class CandidateSession:
@@ -122,12 +136,7 @@ class CandidateSession:
             torch.zeros(1, device=self.device)
             self.sync()
             self.stages["cuda_init"] = time.perf_counter() - begin
-        if self.profile.strict_fp32:
-            G.apply_strict_fp32()
-        if not self.cuda and self.config.cpu_threads is not None:
-            torch.set_num_threads(self.config.cpu_threads)
-        pin_inductor_threads()
-        torch.set_grad_enabled(not self.profile.no_grad)
+        prepare_torch(self.config, self.device)
 
     def snapshot(self) -> None:
         self.watch.install()
@@ -387,7 +396,8 @@ def _build(setup: dict[str, Any], scratch: Path) -> dict[str, Any]:
     reference = setup.get("reference")
     if reference and hasattr(module, "ModelNew"):
         try:
-            _warm_up(module, str(reference), scratch, str(setup.get("device", "cpu")))
+            config = EvalConfig.model_validate(setup["config"]) if "config" in setup else None
+            _warm_up(module, str(reference), scratch, str(setup.get("device", "cpu")), config)
         except BaseException as error:
             failed = build_failure(error, source)
             if failed is not None:
@@ -395,15 +405,21 @@ def _build(setup: dict[str, Any], scratch: Path) -> dict[str, Any]:
     return {"built": True}
 
 
-def _warm_up(module: Any, reference: str, scratch: Path, device_name: str) -> None:
+def _warm_up(module: Any, reference: str, scratch: Path, device_name: str, config: EvalConfig | None) -> None:
+    """One call of ModelNew on the task's inputs, under the evaluation's torch settings when
+    the build was given its config (a torch.compile candidate's cache is keyed by them)."""
     task = load_module(reference, scratch, "kf_build_task", hidden=True)
     device = torch.device("cuda:0" if device_name.startswith("cuda") else "cpu")
+    if config is not None:
+        prepare_torch(config, device)
     torch.manual_seed(0)
     model = module.ModelNew(*task.get_init_inputs())
     if hasattr(model, "to"):
         model = model.to(device)
+    if config is not None and config.profile_rules.eval_mode and hasattr(model, "eval"):
+        model.eval()
     inputs = to_device(list(task.get_inputs()), device)
-    with torch.no_grad():
+    with torch.set_grad_enabled(config is not None and not config.profile_rules.no_grad):
         model(*inputs)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -427,6 +443,7 @@ def serve(channel: Channel, scratch: Path) -> None:
             if op == "build":
                 answer = _build(request, scratch)
             elif op == "setup":
+                _restore_compiled(request.get("compile_cache"))
                 session = CandidateSession(request, scratch)
                 session.setup_torch()
                 init_inputs, _ = read_tree(session.path(str(request["init_inputs"])), _INPUT_LIMIT)
@@ -471,6 +488,17 @@ def serve(channel: Channel, scratch: Path) -> None:
             channel.send(answer)
         if op == "build":
             return
+
+
+def _restore_compiled(cache: Any) -> None:
+    """The candidate's sealed torch.compile cache, copied into this process's cache directories
+    and checked against its seal before any candidate code runs here (see `_compiled`)."""
+    if not isinstance(cache, dict):
+        return
+    problem = restore(str(cache["root"]), dict(cache["files"]))
+    if problem:
+        detail = f"its torch.compile cache changed after its build: {problem}"
+        raise Stop("rejected", [R.reason(R.COMPILE_CACHE_CHANGED, detail)])
 
 
 def _plain(value: object) -> Any:

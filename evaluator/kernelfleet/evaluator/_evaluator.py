@@ -43,12 +43,12 @@ from kernelfleet.core.hashing import source_hash
 from kernelfleet.core.models import Environment, EvaluationResult, ResultKey, Task, Timing, Verdict
 from kernelfleet.evaluator._builddir import BuildDirectory, flock_holders
 from kernelfleet.evaluator._cache import ResultCache
+from kernelfleet.evaluator._compiled import build_env, seal
 from kernelfleet.evaluator._config import EvalConfig
-from kernelfleet.evaluator._cputime import tree_cpu_seconds
 from kernelfleet.evaluator._devicelock import DeviceLock
 from kernelfleet.evaluator._environment import gpu_class, host_name
 from kernelfleet.evaluator._gpugate import GpuGate
-from kernelfleet.evaluator._ops import needs_native_build
+from kernelfleet.evaluator._ops import needs_native_build, uses_torch_compile
 from kernelfleet.evaluator._protocol import Evaluation, Outcome, Sides
 from kernelfleet.evaluator._reference_pool import ReferencePool, ReferencePools
 from kernelfleet.evaluator._sandbox import Sandbox, Walls, detect, resolve_level, sandbox_for
@@ -337,10 +337,14 @@ class _Item:
     cancel: threading.Event = dataclasses.field(default_factory=threading.Event)
     state: str = "pending"  # pending, building, running
     stages: dict[str, float] = dataclasses.field(default_factory=dict)
-    evaluation: Evaluation | None = None  # the process pair (or build) running now
+    evaluation: Evaluation | None = None  # the build or process pair working on it now
+    cpu_seen: tuple[float, float] = (0.0, 0.0)  # (monotonic time, its processes' CPU seconds) last asked
     waiting: str = ""  # what it waits for outside an evaluation (the device's lock), in words
     build_dir: Path | None = None  # its extensions' build directory, if it builds any
     device_lock: str = ""  # the machine-wide device lock's file, once it waited for it
+
+    def working_on(self, evaluation: Evaluation) -> None:
+        self.evaluation, self.cpu_seen = evaluation, (time.monotonic(), 0.0)
 
 
 class Metrics:
@@ -466,6 +470,11 @@ class Evaluator:
         self._banks: dict[tuple[str, ...], list[float]] = {}
         self._banks_lock = threading.Lock()
         self._pools = ReferencePools()
+        # torch.compile candidates' caches, compiled once per (task, source) in this session and
+        # sealed (see _compiled): the directory, and each key's seal (None: not usable).
+        self._compiled = self.config.build_root / "compiled" / f"{os.getpid()}-{secrets.token_hex(4)}"
+        self._seals: dict[str, dict[str, str] | None] = {}
+        self._seal_locks: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
         self.metrics = Metrics()
 
     # -- lifecycle
@@ -490,6 +499,7 @@ class Evaluator:
             self._builds.shutdown(wait=False, cancel_futures=True)
         for item in items:
             self._cancelled(item)
+        shutil.rmtree(self._compiled, ignore_errors=True)
 
     # -- environment
 
@@ -579,7 +589,15 @@ class Evaluator:
         at_once = self._lane_slots() * _device_count(self.config.device)
         return 2 * at_once + self._compile_workers() + 2
 
-    def _sides(self, config: EvalConfig, lane: _Lane | None, env: dict[str, str]) -> Sides:
+    def _sides(
+        self,
+        config: EvalConfig,
+        lane: _Lane | None,
+        env: dict[str, str],
+        *,
+        compiles: bool = False,
+        read: tuple[str, ...] = (),
+    ) -> Sides:
         level = self.isolation
         report = detect()
         memory = config.limits.memory_bytes or _half_memory()
@@ -592,6 +610,7 @@ class Evaluator:
             # A C++/CUDA candidate loads its extension from its own build directory (keyed by its
             # source: no other code's build is there), and may touch it there.
             write=(env["TORCH_EXTENSIONS_DIR"],) if "TORCH_EXTENSIONS_DIR" in env else (),
+            read=read,
         )
         judge = Walls(seccomp=report.seccomp)
         child_env = dict(env)
@@ -599,7 +618,7 @@ class Evaluator:
             child_env["CUDA_VISIBLE_DEVICES"] = lane.visible
         if lane is not None and lane.arch and "TORCH_CUDA_ARCH_LIST" not in os.environ:
             child_env["TORCH_CUDA_ARCH_LIST"] = lane.arch
-        return Sides(level, candidate, judge, child_env)
+        return Sides(level, candidate, judge, child_env, compiles)
 
     def _judge_job(
         self,
@@ -607,8 +626,10 @@ class Evaluator:
         lane: _Lane | None,
         timeout: float,
         cancel: threading.Event | None = None,
+        *,
+        compiles: bool = False,
     ) -> Outcome:
-        sides = self._sides(self.config, lane, {})
+        sides = self._sides(self.config, lane, {}, compiles=compiles)
         evaluation = Evaluation(
             self._sandbox(), sides, self.config, "", "", 0, timeout=timeout, cancel=cancel
         )
@@ -851,11 +872,19 @@ class Evaluator:
                 update={"correctness": config.correctness.model_copy(update={"trials": trials})}
             )
         self.metrics.lane_active(lane.index, 1)
+        compiled = self._seals.get(self._compile_key(item)) if uses_torch_compile(item.code) else None
+        root = str(self._compiled / self._compile_key(item))
         try:
             lease = self._build_lease(item, lane)
             evaluation = Evaluation(
                 self._sandbox(),
-                self._sides(config, lane, self._env(item.code, lane)),
+                self._sides(
+                    config,
+                    lane,
+                    self._env(item.code, lane),
+                    compiles=uses_torch_compile(item.code),
+                    read=(root,) if compiled is not None else (),
+                ),
                 config,
                 item.task.code,
                 item.code,
@@ -870,8 +899,9 @@ class Evaluator:
                 keep_reference=self._keep_reference(item, lane) if config.timing.reference_reuse else None,
                 gpu_gate=lane.gate if config.timing.exclusive else None,
                 timing_cpu=lane.timing_cpu(config) if self._pins_timing(config, lane) else None,
+                compile_cache={"root": root, "files": compiled} if compiled is not None else None,
             )
-            item.evaluation = evaluation
+            item.working_on(evaluation)
             with lease:
                 outcome = evaluation.run()
         finally:
@@ -1042,21 +1072,51 @@ class Evaluator:
         threshold = config.timing.speedup_recheck
         return threshold is not None and speedup >= threshold
 
+    def _compile_key(self, item: _Item) -> str:
+        """The directory of a torch.compile candidate's sealed cache: its task and its source."""
+        return f"{item.task.hash[:16]}-{source_hash(item.code)[:24]}"
+
     def _build(self, item: _Item, lane: _Lane) -> EvaluationResult | None:
         """Compile a C++/CUDA candidate on the CPU side, walled in like any candidate but able to
         write its own build directory; a result only when it fails. The limit is CPU time (the
         build's own, compilers included), with a wall-time ceiling of three times that for a
         build that waits on something other than the CPU. Each build worker compiles with its
-        fixed share of the CPUs (build_jobs)."""
+        fixed share of the CPUs (build_jobs).
+
+        A torch.compile candidate compiles here too, once per task and source in this session,
+        into a directory that is sealed when the build has exited (see _compiled); its build
+        gives no result: whatever fails there, its evaluation finds and reports itself."""
+        key = self._compile_key(item)
+        native = needs_native_build(item.code)
+        with self._seal_locks[key]:
+            compiles = uses_torch_compile(item.code) and key not in self._seals
+            if native or compiles:
+                return self._build_now(item, lane, native=native, compiles=compiles)
+        return None
+
+    def _build_now(
+        self, item: _Item, lane: _Lane, *, native: bool, compiles: bool
+    ) -> EvaluationResult | None:
         config = item.config
-        build_dir = self._build_dir(item.code, lane)
-        build_dir.mkdir(parents=True, exist_ok=True)
-        item.build_dir = build_dir
-        sides = self._sides(config, lane, self._env(item.code, lane))
+        env = self._env(item.code, lane)
+        write = []
+        build_dir: Path | None = None
+        if native:
+            build_dir = self._build_dir(item.code, lane)
+            build_dir.mkdir(parents=True, exist_ok=True)
+            item.build_dir = build_dir
+            write.append(str(build_dir))
+        compiled = self._compiled / self._compile_key(item)
+        if compiles:
+            shutil.rmtree(compiled, ignore_errors=True)
+            compiled.mkdir(parents=True)
+            write.append(str(compiled))
+            env.update(build_env(compiled))
+        sides = self._sides(config, lane, env, compiles=uses_torch_compile(item.code))
         jobs = build_jobs(len(os.sched_getaffinity(0)), self._compile_workers())
         env = {**sides.env, "MAX_JOBS": os.environ.get("MAX_JOBS", str(jobs))}
         sides = dataclasses.replace(sides, env=env)
-        walls = dataclasses.replace(sides.candidate, write=(str(build_dir),))
+        walls = dataclasses.replace(sides.candidate, write=tuple(write))
         evaluation = Evaluation(
             self._sandbox(),
             sides,
@@ -1067,14 +1127,20 @@ class Evaluator:
             timeout=3 * config.limits.compile_timeout_s,
             cancel=item.cancel,
         )
-        item.evaluation = evaluation
+        item.working_on(evaluation)
         try:
-            with BuildDirectory(build_dir):
+            with BuildDirectory(build_dir) if build_dir is not None else contextlib.nullcontext():
                 outcome = evaluation.build(walls, config.limits.compile_timeout_s)
         finally:
             item.evaluation = None
         item.stages["build"] = outcome.seconds
         answer = outcome.answer
+        if compiles:  # its process has exited: nothing writes the directory from now on
+            built = answer is not None and answer.get("built") is True
+            sealed = seal(compiled, config.limits.scratch_bytes // 4) if built else None
+            self._seals[self._compile_key(item)] = sealed
+        if not native:
+            return None
         if answer is None:
             return self._failure(outcome, item, lane, "building")
         if answer.get("built"):
@@ -1162,7 +1228,9 @@ class Evaluator:
             if self._closed:
                 raise RuntimeError("the evaluator is closed; create a new Evaluator")
             self._items.add(item)
-        if needs_native_build(text):
+        if needs_native_build(text) or (
+            uses_torch_compile(text) and self._compile_key(item) not in self._seals
+        ):
             assert self._builds is not None
             self.metrics.add(building=1)
             item.state = "building"
@@ -1189,29 +1257,45 @@ class Evaluator:
                     return item.state
         return "pending"
 
-    def activity(self, future: concurrent.futures.Future[EvaluationResult]) -> str:
-        """What a submitted evaluation does or waits for now, in words: its state, and while it
-        runs, the lock, gate, process or answer it waits on (the watchdog's report)."""
+    def _item(self, future: concurrent.futures.Future[EvaluationResult]) -> _Item | None:
         with self._pipeline_lock:
-            item = next((i for i in self._items if i.future is future), None)
-        if item is None:
-            return "done" if future.done() else "pending"
-        if item.state == "pending":
-            return "queued for a lane"
-        evaluation = item.evaluation
-        if item.state == "building":
-            if evaluation is None or not evaluation.build_pid:
-                return "building: starting"
-            cpu = tree_cpu_seconds(evaluation.build_pid)
-            text = f"building: {cpu:.0f} s of CPU so far"
-            locks = BuildDirectory(item.build_dir).lock_files() if item.build_dir else []
-            if locks:
-                text += f"; torch's build lock {locks[0]} is taken (by this build, or another process of it)"
-            return text
-        if item.waiting:
+            return next((i for i in self._items if i.future is future), None)
+
+    def activity(self, future: concurrent.futures.Future[EvaluationResult]) -> str:
+        """What a submitted evaluation is doing, for a progress line and the watchdog: its phase
+        (with the lock, gate or lane it waits on), and whether its processes are working (the CPU
+        they used since the last time asked) or waiting, so that a long compile reads apart from
+        a stuck candidate; with the bound that ends it."""
+        item = self._item(future)
+        if item is not None and item.waiting:
             others = [pid for pid in flock_holders(item.device_lock) if pid != os.getpid()]
             return item.waiting + (f", held by pid {', '.join(map(str, others))}" if others else "")
-        return f"running: {evaluation.doing}" if evaluation is not None else "running"
+        evaluation = item.evaluation if item is not None else None
+        if item is None or evaluation is None:
+            return "queued" if item is not None else "done"
+        phase, cpu, runnable = evaluation.activity()
+        now = time.monotonic()
+        (then, before), item.cpu_seen = item.cpu_seen, (now, cpu)
+        window, used = now - then, max(0.0, cpu - before)
+        if item.state == "building":
+            bound = f"a build is stopped after {item.config.limits.compile_timeout_s:g} s of CPU"
+            locks = BuildDirectory(item.build_dir).lock_files() if item.build_dir is not None else []
+            if locks:
+                phase += f"; torch's build lock {locks[0]} is taken (by this build, or another process of it)"
+        else:
+            bound = (
+                f"it is killed at the {item.config.limits.timeout_seconds:g} s evaluation timeout (--timeout)"
+            )
+        if window <= 0 or used >= 0.05 * window:
+            doing = f"working: {used:.0f} s of CPU in the last {window:.0f} s"
+        elif runnable:
+            doing = (
+                f"waiting for a CPU: {used:.1f} s of CPU in the last {window:.0f} s, its processes runnable "
+                "(a busy machine)"
+            )
+        else:
+            doing = f"its processes used {used:.1f} s of CPU in the last {window:.0f} s: waiting, or stuck"
+        return f"{phase}, {doing}; {bound}"
 
     def _done(
         self, item: _Item, result: EvaluationResult | None = None, error: BaseException | None = None
@@ -1288,10 +1372,10 @@ class Evaluator:
         `stop(seconds)`, asked a few times a second with the seconds the evaluations now running
         have spent so far, ends the batch when it answers True: nothing new starts, what runs
         is killed, and `BatchCancelled` carries the results that did finish (the cancelled ones
-        are not cached, so they run again next time). `slow(task, variant_hash, seconds, activity)` names
-        an evaluation that has been building or running for `SLOW_AFTER_S`, and again every
-        `SLOW_AFTER_S` after, with what it does or waits on (`activity`); the progress bar
-        names it too.
+        are not cached, so they run again next time). `slow(task, variant_hash, seconds, activity)`
+        names an evaluation that has been building or running for `SLOW_AFTER_S`, and again every
+        `SLOW_AFTER_S` after, with what it does or waits on (`activity`); the progress bar names
+        it too.
         """
         self._start()
         pairs = list(items)
@@ -1352,9 +1436,10 @@ class Evaluator:
                 now = time.monotonic()
                 for future in pending:
                     # The watchdog: an evaluation that builds or runs this long is named with
-                    # what it waits on (a lock, the gate, a process's answer), never silent.
-                    if self.state(future) not in ("building", "running"):
-                        continue
+                    # what it does or waits on (a lock, the gate, a process), never silent.
+                    item = self._item(future)
+                    if item is None or item.evaluation is None:
+                        continue  # queued: its time starts with its build or its first process pair
                     since = running_since.setdefault(future, now)
                     if now - since >= reported.get(future, 0.0) + SLOW_AFTER_S:
                         reported[future] = now - since
@@ -1412,11 +1497,12 @@ class Evaluator:
         }
         device = DeviceLock(lane.device_id)
         with lane.timing:  # baselines time on the device too: never beside a candidate's timing
-            device.acquire()
+            device.acquire(timeout_s=DEVICE_WAIT_FACTOR * max(timeout, 60.0))
             lane.gate.close()
             self.metrics.lane_held(lane.index, True)
             try:
-                outcome = self._judge_job(message, lane, timeout, cancel)
+                compiles = any(mode.startswith("compile") for mode in self.config.timing.baseline_modes)
+                outcome = self._judge_job(message, lane, timeout, cancel, compiles=compiles)
             finally:
                 self.metrics.lane_held(lane.index, False)
                 lane.gate.open()

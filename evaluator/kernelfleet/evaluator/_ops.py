@@ -219,3 +219,15 @@ def builds_custom_kernel(source: str) -> bool:
 def needs_native_build(source: str) -> bool:
     """C++/CUDA extensions compile at import: such candidates go through the build pool."""
     return "load_inline" in source or "cpp_extension" in source
+
+
+_COMPILES = re.compile(
+    r"\b\w*torch\.compile\b|\btorch\._dynamo\b|\btorch\._inductor\b|from\s+torch\s+import\s+[^\n]*\bcompile\b"
+)
+
+
+def uses_torch_compile(source: str) -> bool:
+    """Whether the source calls torch.compile (or Dynamo or inductor directly): such candidates
+    compile once in the build pool, into a cache their evaluation's processes restore (see
+    `_compiled`). A candidate that hides the call only compiles in each of its processes."""
+    return bool(_COMPILES.search(source))

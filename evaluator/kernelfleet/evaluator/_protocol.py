@@ -43,7 +43,7 @@ from kernelfleet.evaluator._cputime import tree_cpu_seconds
 from kernelfleet.evaluator._gpugate import GateCancelled, GpuGate
 from kernelfleet.evaluator._guards import PRECISION_FLAGS
 from kernelfleet.evaluator._ops import builds_custom_kernel, declared_kernels, fallback_sets
-from kernelfleet.evaluator._sandbox import Sandbox, SandboxChild, SandboxError, Walls, host_pid
+from kernelfleet.evaluator._sandbox import Sandbox, SandboxChild, SandboxError, Walls, descendants, host_pid
 from kernelfleet.evaluator._timing import (
     AdaptiveTiming,
     TimingRun,
@@ -107,6 +107,8 @@ class Sides:
     candidate: Walls
     judge: Walls
     env: dict[str, str]
+    # The children run torch.compile: the zygote readies inductor once before it forks them.
+    compiles: bool = False
 
 
 class Evaluation:
@@ -129,6 +131,7 @@ class Evaluation:
         keep_reference: Callable[[dict[str, str], list[float]], None] | None = None,
         gpu_gate: GpuGate | None = None,
         timing_cpu: int | None = None,
+        compile_cache: dict[str, Any] | None = None,
     ) -> None:
         self.sandbox = sandbox
         self.sides = sides
@@ -151,10 +154,13 @@ class Evaluation:
         self.gpu_gate = gpu_gate
         # Both sides' timing threads run on this CPU (EvalConfig.pin_timing); None: anywhere.
         self.timing_cpu = timing_cpu
+        # The candidate's sealed torch.compile cache ({"root", "files"}, see _compiled): each
+        # candidate process restores it before it loads the candidate.
+        self.compile_cache = compile_cache
         self.timing_now = False  # this evaluation holds the timing lane: its steps pass
-        # What it does or waits for now, in words (the evaluator's watchdog names it).
-        self.doing = "starting its processes"
-        self.build_pid = 0  # the host pid of a build's process, while it builds
+        # What it does or waits for now, in words: the progress line and the watchdog name it
+        # (`activity`).
+        self.phase = "starting its processes"
         self.reasons: list[str] = []
         self.settings: dict[str, str] = {}
         self.flag_values: dict[str, Any] = {}
@@ -179,10 +185,16 @@ class Evaluation:
     # ------------------------------------------------------------ plumbing
 
     def _spawn(self, role: str, walls: Walls, env: dict[str, str]) -> SandboxChild:
+        self._note_start()
         try:
-            return self.sandbox.spawn(role, walls, env)
+            return self.sandbox.spawn(role, walls, env, compiles=self.sides.compiles)
         except SandboxError as error:
             raise _JudgeFailed(f"the sandbox could not start the {role}: {error}") from None
+
+    def _note_start(self) -> None:
+        """The phase while a process starts: what the sandbox may make it wait for."""
+        waits = self.sandbox.waits_on(self.sides.compiles)
+        self.phase = "starting its processes" + (f" ({waits})" if waits else "")
 
     @contextlib.contextmanager
     def _lane_held(self) -> Iterator[float]:
@@ -190,12 +202,12 @@ class Evaluation:
         gate meanwhile); yields the seconds waited for it, which are not the candidate's time."""
         begin = time.monotonic()
         if self.take_lane is not None:
-            self.doing = "waiting for the device's timing lane"
+            self.phase = "waiting for the device's timing lane"
             self.take_lane()
         waited = time.monotonic() - begin
         self.deadline += waited
         self.timing_now = True
-        self.doing = "timing"
+        self.phase = "timing"
         try:
             yield waited
         finally:
@@ -214,6 +226,18 @@ class Evaluation:
         not held: imports and the model's construction run beside timings, as set-up."""
         if self.gpu_gate is not None and self.cand is not None:
             self.gpu_gate.hold(self, host_pid(self.sandbox, self.cand))
+
+    def activity(self) -> tuple[str, float, bool]:
+        """What the evaluation does now, the CPU seconds its processes have used so far (the
+        build's, or the judge's and the candidate's, compilers included), and whether one of
+        them is running or waiting for a CPU."""
+        cpu, runnable = 0.0, False
+        for child in (self.judge, self.cand):
+            pid = host_pid(self.sandbox, child) if child is not None else 0
+            if pid:
+                cpu += tree_cpu_seconds(pid)
+                runnable = runnable or _runnable(pid)
+        return self.phase, cpu, runnable
 
     def _receive(self, child: SandboxChild) -> dict[str, Any]:
         while True:
@@ -236,9 +260,9 @@ class Evaluation:
             yield
             return
         try:
-            doing, self.doing = self.doing, "waiting for the device's gate (another evaluation is timing)"
+            phase, self.phase = self.phase, "waiting for the device's gate (another evaluation is timing)"
             with self.gpu_gate.step(self.cancel, self) as waited:
-                self.doing = doing
+                self.phase = phase
                 self.deadline += waited
                 self.stages["gpu_wait"] = self.stages.get("gpu_wait", 0.0) + waited
                 yield
@@ -247,8 +271,6 @@ class Evaluation:
 
     def ask_judge(self, message: dict[str, Any]) -> dict[str, Any]:
         self._settle_judge()
-        if not self.timing_now:
-            self.doing = f"waiting for the judge's answer to {message.get('op')!r}"
         with self._gpu_step(message):
             self._post_judge(message)
             return self._settle_judge()
@@ -313,8 +335,6 @@ class Evaluation:
         places tensors on the device too, and a step that ended with the candidate's answer let
         that run on while another evaluation timed (0.8.5)."""
         assert self.cand is not None
-        if not self.timing_now:
-            self.doing = f"waiting for the candidate's answer to {message.get('op')!r}"
         try:
             with self._gpu_step(message):
                 if judge_meanwhile is not None:
@@ -462,6 +482,7 @@ class Evaluation:
         with self.stage("process_start"):
             self.judge = self._spawn("judge", self.sides.judge, self.sides.env)
             self.cand = self._spawn("candidate", self.sides.candidate, self.sides.env)
+        self.phase = "loading the reference"
         setup = self.ask_judge(
             {
                 "op": "setup",
@@ -483,6 +504,7 @@ class Evaluation:
         timing: dict[str, Any] = {}
         loaded = False
         try:
+            self.phase = "loading the candidate"
             with self.stage("candidate_load"):
                 answer = self.ask(
                     {
@@ -493,11 +515,15 @@ class Evaluation:
                         "init_seed": setup["init_seed"],
                         "specs": setup["specs"],
                         "init_inputs": setup["init"],
+                        **({"compile_cache": self.compile_cache} if self.compile_cache is not None else {}),
                     }
                 )
             self._merge_stages(answer)
             loaded = True
             self._hold_candidate()
+            self.phase = "checking correctness" + (
+                "" if self.compile_cache is None else " (torch.compile restored from its build)"
+            )
             with self.stage("correctness"):
                 self._correctness()
                 self._inspect()
@@ -777,6 +803,7 @@ class Evaluation:
         with self._lane_held() as waited:
             if self.take_lane is not None:
                 self.stages["lane_wait"] = self.stages.get("lane_wait", 0.0) + waited
+            self.phase = "timing"
             with self.stage("timing"):
                 return self._time_pair(*(bank or self._timing_inputs()))
 
@@ -1007,9 +1034,9 @@ class Evaluation:
         timed_out = cancelled = False
         description = ""
         self.cand = self._spawn_build(build_walls)
-        self.doing = "compiling"
+        self.phase = "building in the build pool" + (" (torch.compile)" if self.sides.compiles else "")
         try:
-            pid = self.build_pid = host_pid(self.sandbox, self.cand)
+            pid = host_pid(self.sandbox, self.cand)
             if pid:
                 # Compilers are throughput work: at a low priority (inherited by ninja and nvcc)
                 # they take no CPU from a timing whose reference is bound by kernel launches.
@@ -1021,6 +1048,7 @@ class Evaluation:
                     "candidate": self.code,
                     "reference": self.reference,
                     "device": self.config.device,
+                    "config": self.config.model_dump(mode="json"),
                 }
             )
             while True:
@@ -1052,8 +1080,9 @@ class Evaluation:
         )
 
     def _spawn_build(self, walls: Walls) -> SandboxChild:
+        self._note_start()
         try:
-            return self.sandbox.spawn("candidate", walls, self.sides.env)
+            return self.sandbox.spawn("candidate", walls, self.sides.env, compiles=self.sides.compiles)
         except SandboxError as error:
             raise RuntimeError(f"the sandbox could not start a build: {error}") from None
 
@@ -1127,6 +1156,20 @@ def clock_mismatch(inside: dict[str, list[float]], outside: dict[str, list[float
             f"least {lower_quartile:.3f} ms longer from outside than the judge's did beyond theirs",
         )
     return None
+
+
+def _runnable(root: int) -> bool:
+    """Whether `root` or a process below it is running or waiting for a CPU (state R): one
+    starved of CPU on a busy machine is not stuck; one that sleeps or waits on a lock may be."""
+    for pid in [root, *descendants(root)]:
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
+                text = handle.read()
+        except OSError:
+            continue
+        if text[text.rindex(")") + 2 :].split()[:1] == ["R"]:
+            return True
+    return False
 
 
 def _broken(detail: str) -> str:

@@ -351,12 +351,13 @@ class Walls:
     file_bytes: int | None = None
     processes: int | None = None
     write: tuple[str, ...] = ()
+    read: tuple[str, ...] = ()  # beyond `read_paths()`: a candidate's sealed torch.compile cache
 
     def to_json(self) -> dict[str, Any]:
         return {
             "landlock": self.landlock,
             "seccomp": self.seccomp,
-            "read": read_paths() if self.landlock else [],
+            "read": [*read_paths(), *self.read] if self.landlock else [],
             "write": list(self.write),
             "limits": {
                 "memory_bytes": self.memory_bytes,
@@ -448,6 +449,16 @@ class Sandbox:
         self._cgroup: str | None = None
         self._alive = False
         self._closed = False
+        self._compile_ready = False  # the zygote has readied torch.compile (`spawn(compiles=True)`)
+
+    def waits_on(self, compiles: bool) -> str:
+        """What a spawn now may wait for besides the fork itself, for the progress: '' or a
+        clause (the zygote starting, which imports torch; it readying torch.compile)."""
+        if not self._alive:
+            return "the sandbox is starting (it imports torch once)"
+        if compiles and not self._compile_ready:
+            return "the sandbox readies torch.compile for its children (once: inductor's CPU checks)"
+        return ""
 
     @property
     def uses_bwrap(self) -> bool:
@@ -585,9 +596,10 @@ class Sandbox:
 
     # -- children
 
-    def spawn(self, role: str, walls: Walls, env: dict[str, str]) -> SandboxChild:
+    def spawn(self, role: str, walls: Walls, env: dict[str, str], *, compiles: bool = False) -> SandboxChild:
         """Fork one child in the sandbox; it raises `walls` around itself before anything
-        else. SandboxError when the sandbox cannot."""
+        else. `compiles`: it will run torch.compile, which the zygote readies once before it
+        forks the first such child (that fork waits for it). SandboxError when the sandbox cannot."""
         control = self._ensure()
         ident = next(self._ids)
         channel, theirs = _pair()
@@ -599,7 +611,14 @@ class Sandbox:
         with self._lock:
             self._pending[ident] = (event, answer)
             self._children[ident] = child
-        request = {"op": "spawn", "id": ident, "role": role, "walls": walls.to_json(), "env": env}
+        request = {
+            "op": "spawn",
+            "id": ident,
+            "role": role,
+            "walls": walls.to_json(),
+            "env": env,
+            "compiles": compiles,
+        }
         try:
             with self._lock:
                 control.send(request, fds=[theirs.fileno(), log_fd])
@@ -609,14 +628,16 @@ class Sandbox:
         finally:
             theirs.close()
             os.close(log_fd)
-        if not event.wait(120):
-            raise SandboxError("the sandbox did not fork a child within 120 s")
+        # Readying torch.compile (once per sandbox) may come first: 30 s on 2 busy cores.
+        if not event.wait(600):
+            raise SandboxError("the sandbox did not fork a child within 600 s")
         self._pending.pop(ident, None)
         if answer.get("op") != "spawned":
             self._children.pop(ident, None)
             raise SandboxError(f"the sandbox could not fork: {answer.get('error')}")
         child.pid = int(answer.get("pid", 0))
         child.scratch = str(answer.get("scratch", ""))
+        self._compile_ready = self._compile_ready or compiles
         return child
 
     def kill(self, child: SandboxChild) -> None:

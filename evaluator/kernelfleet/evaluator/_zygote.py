@@ -46,6 +46,7 @@ class _Zygote:
         self.pid = os.getpid()
         self.parent = os.getppid()
         self.wake: tuple[int, int] = (-1, -1)
+        self.compile_ready = False
 
     def serve(self) -> None:
         # A child's exit wakes the loop at once (SIGCHLD through a wakeup pipe), so its group is
@@ -91,6 +92,8 @@ class _Zygote:
                 os.close(fd)
             self.control.send({"op": "failed", "id": request.get("id"), "error": "two descriptors expected"})
             return
+        if request.get("compiles"):
+            self.ready_compile()
         taken = {child["slot"] for child in self.children.values()}
         slot = next((s for s in self.slots if s not in taken), None)
         scratch = Path(tempfile.mkdtemp(prefix="job-", dir=slot or self.tmp_root))
@@ -114,6 +117,51 @@ class _Zygote:
             os.close(fd)
         self.children[pid] = {"id": request.get("id"), "scratch": scratch, "slot": slot}
         self.control.send({"op": "spawned", "id": request.get("id"), "pid": pid, "scratch": str(scratch)})
+
+    def ready_compile(self) -> None:
+        """Once, before the first child that runs torch.compile: ready inductor here, so that
+        every child forked afterwards inherits it. Each part cost every compiling process the
+        same work for the same answer:
+
+        - inductor checks each vector ISA the CPU claims by compiling a test program and loading
+          it in a fresh Python (`import torch`), six times on an AVX-512 CPU: 30 to 40 s on 2
+          busy cores. The zygote runs no candidate code, so the answer is its own; the test
+          programs go to a private directory, removed at once.
+        - a precompiled header is keyed by ATen's vector headers run through the preprocessor,
+          so every process spent 17 s on it even when its kernels came from its build's cache
+          and nothing was compiled. The header only saves parsing when a kernel compiles; the
+          kernels are the same without it.
+        - the cache keys hash torch's and Triton's installed sources (2 s).
+
+        The zygote never touches CUDA, and none of this does."""
+        if self.compile_ready:
+            return
+        self.compile_ready = True
+        work = tempfile.mkdtemp(prefix="kf-inductor-")
+        previous = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = work
+        try:
+            import torch._inductor.codecache
+            import torch._inductor.compile_fx  # preloaded for the children
+            import torch._inductor.config
+            from torch._inductor import cpu_vec_isa
+            from torch._inductor.runtime.triton_compat import HAS_TRITON, triton_key
+
+            torch._inductor.config.cpp_cache_precompile_headers = False
+            cpu_vec_isa.pick_vec_isa()
+            torch._inductor.codecache.torch_key()
+            if HAS_TRITON:
+                triton_key()
+            # Cached with the directory above: the children look theirs up afresh.
+            torch._inductor.codecache.CacheBase.get_local_cache_path.cache_clear()
+        except Exception:  # the children then check for themselves, as before
+            traceback.print_exc()
+        finally:
+            if previous is None:
+                os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+            else:
+                os.environ["TORCHINDUCTOR_CACHE_DIR"] = previous
+            shutil.rmtree(work, ignore_errors=True)
 
     @staticmethod
     def kill_group(pid: int) -> None:
@@ -207,6 +255,7 @@ def _child(
     os.environ.clear()
     os.environ.update({**base, **env})
     tempfile.tempdir = str(scratch)
+    _own_inductor_headers()
     os.chdir(workdir or scratch)
     walls = request.get("walls") or {}
     limits = walls.get("limits") or {}
@@ -242,6 +291,18 @@ def _child(
         raise ValueError(f"unknown role {role!r}")
     sys.stdout.flush()
     sys.stderr.flush()
+
+
+def _own_inductor_headers() -> None:
+    """Inductor places its precompiled headers below the temporary directory it sees when its
+    codecache is imported; imported in the zygote (`ready_compile`), that was the zygote's,
+    where no child may write. Each child keeps them in its own scratch, as its own import did."""
+    codecache = sys.modules.get("torch._inductor.codecache")
+    if codecache is not None:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+        codecache._HEADER_DIR = os.path.join(default_cache_dir(), "precompiled_headers")  # type: ignore[attr-defined]
+        codecache._HEADER_LOCK_DIR = os.path.join(codecache._HEADER_DIR, "locks")  # type: ignore[attr-defined]
 
 
 def _tasks_of_user() -> int:

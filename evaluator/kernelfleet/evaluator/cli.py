@@ -298,7 +298,7 @@ def run(args: argparse.Namespace) -> int:
             )
 
         def slow(_: Task, __: str, seconds: float, activity: str) -> None:
-            print(f"{args.candidate}, {seconds:.0f} s: {activity}", file=sys.stderr)
+            print(f"still evaluating {args.candidate} after {seconds:.0f} s: {activity}", file=sys.stderr)
 
         result = evaluator.evaluate_batch([(task, candidate)], progress=False, slow=slow)[0]
         if R.REFERENCE_ERROR in R.codes(result.reasons):

@@ -729,9 +729,11 @@ class OptimizationLoop:
                 state.best_seen = max(entry.speedup or 0.0, state.best_seen or 0.0)
 
     def _slow(self, task: Task, variant_hash: str, seconds: float, activity: str) -> None:
-        """An evaluation that takes long is named with what it does or waits on, so a user
-        tells a long compile from a stuck evaluation."""
-        self.progress.message(f"{task.name}: variant {variant_hash[:12]}, {seconds:.0f} s: {activity}")
+        """An evaluation that runs long is named, so a user sees which candidate holds the run,
+        and what it does: a long compile reads apart from a stuck evaluation."""
+        self.progress.message(
+            f"{task.name}: variant {variant_hash[:12]} has been evaluating for {seconds:.0f} s: {activity}"
+        )
 
     def _record_result(self, result: EvaluationResult) -> None:
         """Keep a fresh result: in the store first, then in memory. Called once per key."""

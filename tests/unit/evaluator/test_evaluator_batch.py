@@ -352,3 +352,20 @@ def test_a_loss_a_0_dim_output_is_judged_like_any_other() -> None:
     with Evaluator(EvalConfig.model_validate(FAST)) as evaluator:
         result = evaluator.evaluate(Task(name="mse", code=C.LOSS_TASK), C.LOSS_CANDIDATE)
     assert result.verdict == Verdict.CORRECT, (result.reasons, result.log)
+
+
+def test_a_long_evaluation_is_named_with_its_phase_and_whether_it_works(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The progress line tells a stuck evaluation from a long one: its phase, and the CPU its
+    processes used since the last line (a sleep uses none), with the bound that ends it."""
+    monkeypatch.setattr("kernelfleet.evaluator._evaluator.SLOW_AFTER_S", 2.0)
+    sleeper = C.HONEST.replace("return torch.relu(torch.mm(A, B))", "import time; time.sleep(6); return A")
+    seen: list[str] = []
+    with Evaluator(EvalConfig(**merged(FAST, {"limits": {"timeout_seconds": 60.0}}))) as evaluator:
+        evaluator.evaluate_batch(
+            [(MATMUL, sleeper)], progress=False, slow=lambda task, variant, seconds, doing: seen.append(doing)
+        )
+    assert seen, "no progress line for an evaluation that ran past SLOW_AFTER_S"
+    stuck = [line for line in seen if line.startswith("checking correctness")]
+    assert stuck and "waiting, or stuck" in stuck[-1] and "60 s evaluation timeout" in stuck[-1]

@@ -46,7 +46,7 @@ def test_up_without_binaries_says_what_the_first_build_costs(
     assert main(["dev-cluster", "up", "--no-build", "--dir", str(no_binaries)]) == 2
     err = capsys.readouterr().err
     assert "missing: etcd, kube-apiserver" in err
-    assert "first build takes up to 80 minutes" in err
+    assert "first build takes about 20 minutes on 2 idle cores" in err
     assert "make binaries" in err
     assert not (no_binaries / "cluster.json").exists()
 

@@ -17,10 +17,10 @@ from kernelfleet.core.errors import UsageError
 from kernelfleet.operator.devcluster._process import bin_dir
 
 BUILD_SCRIPT = Path(__file__).resolve().parent / "build-binaries.sh"
-# Measured: a cold build of all seven servers took 81 minutes on a 2-core, 24 GiB machine that
-# other work shared (load average about 20; kube-apiserver and the controller-manager dominate).
-# A warm cache (Go's module and build caches kept) rebuilds in minutes.
-FIRST_BUILD = "up to 80 minutes on 2 busy cores (81 min measured; faster on more or idle cores)"
+# The figures and how they were measured are in README.md ("Tests"): the seven servers took
+# 20 min 16 s on an idle 2-core machine, 28 min 24 s on a shared one; kube-apiserver and the
+# controller-manager dominate. A warm cache (Go's module and build caches kept) rebuilds in minutes.
+FIRST_BUILD = "about 20 minutes on 2 idle cores and longer on busy ones (README.md, Tests)"
 GO_VERSION_HINT = "Go 1.26 or newer with access to the Go module proxy"
 
 

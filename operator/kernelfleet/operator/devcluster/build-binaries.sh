@@ -142,13 +142,29 @@ build_kueue() {
 components=("$@"); [[ ${#components[@]} -gt 0 ]] || components=(kube etcd minio kwok helm jobset)
 # Go parallelises each build over the cores already; running the builds side by side also
 # overlaps one build's downloads and linking with another's compiling.
-pids=()
+declare -A building=()
 for c in "${components[@]}"; do
   case "$c" in
-    etcd|kube|minio|kwok|helm|jobset|kueue) ( "build_$c" ) & pids+=($!) ;;
+    etcd|kube|minio|kwok|helm|jobset|kueue) ( "build_$c" ) & building[$!]=$c ;;
     *) log "unknown component '$c' (expected: etcd kube minio kwok helm jobset kueue)"; exit 2 ;;
   esac
 done
-rc=0; for p in "${pids[@]}"; do wait "$p" || rc=1; done
+# How far it is: each component as it ends, and once a minute what is still compiling (a first
+# build compiles every server from source: README.md, "Tests", says how long that takes).
+total=${#building[@]} finished=0 rc=0 next=60
+while [[ ${#building[@]} -gt 0 ]]; do
+  for p in "${!building[@]}"; do
+    kill -0 "$p" 2>/dev/null && continue
+    if wait "$p"; then state=ready; else state=FAILED; rc=1; fi
+    finished=$((finished + 1))
+    log "${building[$p]} $state ($finished of $total, ${SECONDS}s)"
+    unset "building[$p]"
+  done
+  if [[ ${#building[@]} -gt 0 && $SECONDS -ge $next ]]; then
+    log "still compiling: ${building[*]} ($finished of $total done, ${SECONDS}s)"
+    next=$((SECONDS + 60))
+  fi
+  [[ ${#building[@]} -gt 0 ]] && sleep 1
+done
 [[ $rc == 0 ]] || { log "a build failed; see the messages above"; exit 1; }
 log "binaries ready in $BIN (${SECONDS}s)"
