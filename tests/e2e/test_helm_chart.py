@@ -169,6 +169,7 @@ def test_install_creates_crds_operator_rbac_and_pools_then_uninstall_keeps_the_c
     for verb, group, resource, namespace, sub in [
         ("watch", GROUP, "optimizationjobs", None, None),
         ("patch", GROUP, "trainingruns", elsewhere, None),
+        ("delete", GROUP, "trainingruns", elsewhere, None),  # a finished run past its TTL
         ("patch", GROUP, "optimizationjobs", elsewhere, "status"),
         ("create", "batch", "jobs", elsewhere, None),
         ("delete", "batch", "jobs", elsewhere, None),
@@ -189,7 +190,7 @@ def test_install_creates_crds_operator_rbac_and_pools_then_uninstall_keeps_the_c
         ("create", "", "pods", elsewhere),
         ("delete", "", "pods", elsewhere),
         ("create", GROUP, "optimizationjobs", elsewhere),
-        ("delete", GROUP, "trainingruns", elsewhere),
+        ("create", GROUP, "trainingruns", elsewhere),
         ("create", "apps", "deployments", elsewhere),
         ("create", "", "services", elsewhere),
         ("update", "jobset.x-k8s.io", "jobsets", elsewhere),

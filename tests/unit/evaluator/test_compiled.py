@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from kernelfleet.core.models import Task, Verdict
+from kernelfleet.core.settings import merged
 from kernelfleet.evaluator import EvalConfig, Evaluator
 from kernelfleet.evaluator import reasons as R
 from kernelfleet.evaluator._compiled import restore, seal
@@ -20,7 +21,7 @@ from kernelfleet.evaluator._sandbox import detect
 from tests.support import evaluator_cases as C
 
 # The second pair restores what the first could have rewritten.
-FAST: dict[str, Any] = {**C.FAST_CPU, "timing_processes": 2}
+FAST: dict[str, Any] = merged(C.FAST_CPU, {"timing": {"processes": 2}})
 MATMUL = Task(name="matmul", code=C.MATMUL_TASK)
 
 # Calls: one in its build's warm-up (its own process); in each evaluation process 3 trials, the
@@ -103,7 +104,7 @@ def test_torch_compile_is_recognised() -> None:
 def test_a_candidate_that_rewrites_its_cache_for_its_next_process_is_caught(tmp_path: Path) -> None:
     """Without Landlock the rewrite succeeds (any process of the user can write there): the
     second process pair finds the cache changed and rejects the candidate before loading it."""
-    config = EvalConfig(**FAST, cache_dir=str(tmp_path), isolation="process")
+    config = EvalConfig(**FAST, cache_dir=str(tmp_path), isolation={"level": "process"})
     with Evaluator(config) as evaluator:
         result = evaluator.evaluate(MATMUL, REWRITES_ITS_CACHE.replace("ROOT", str(tmp_path)))
     assert result.verdict == Verdict.REJECTED, (result.reasons, result.log)
