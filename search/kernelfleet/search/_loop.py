@@ -672,21 +672,18 @@ class OptimizationLoop:
         # The whole round goes to the evaluator at once: its pipeline builds, checks and times
         # side by side, and a slow build or evaluation holds only itself. (Chunks with a barrier
         # between them left the GPU idle while one build in a chunk ran to its limit.)
-        size = max(1, len(todo))
-        for start in range(0, len(todo), size):
-            self._stop = self._stop or self._budget_stop()
-            if self._stop:
-                break
-            # A variant whose stored code is lost and cannot be restored (reported) cannot be evaluated.
-            coded = [
-                (state, variant, code)
-                for state, variant in todo[start : start + size]
-                if not state.task_error
-                and (code := self._code(variant, state, records[(state.task.hash, variant)])) is not None
-            ]
-            chunk = [(state, variant) for state, variant, _ in coded]
-            if not chunk:
-                continue
+        self._stop = self._stop or self._budget_stop()
+        if self._stop:
+            self._collect(slots)
+            return
+        # A variant whose stored code is lost and cannot be restored (reported) cannot be evaluated.
+        coded = [
+            (state, variant, code)
+            for state, variant in todo
+            if not state.task_error
+            and (code := self._code(variant, state, records[(state.task.hash, variant)])) is not None
+        ]
+        if coded:
             items = [(state.task, code) for state, _, code in coded]
             try:
                 results: Sequence[EvaluationResult | None] = self.evaluator.evaluate_batch(
@@ -701,15 +698,15 @@ class OptimizationLoop:
                 # (nothing of it is stored, so a resumed run evaluates it).
                 results = cancelled.results or [None] * len(items)  # type: ignore[assignment]
                 self._stop = self._stop or self._budget_stop() or "wall-time"
-            for (state, _), result in zip(chunk, results, strict=True):
+            for (state, _, _), result in zip(coded, results, strict=True):
                 if result is None:
                     state.not_evaluated += 1
                 else:
                     self._record_result(result)
-            if self._stop:
-                for state, _ in todo[start + size :]:
-                    state.not_evaluated += 1
-                break
+        self._collect(slots)
+
+    def _collect(self, slots: list[tuple[int, _TaskState, SampleRecord]]) -> None:
+        """Add the round's evaluated variants (this call's and the store's) to their databases."""
         for _, state, record in slots:
             if not record.variant_hash or record.variant_hash in state.db:
                 continue
