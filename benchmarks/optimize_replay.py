@@ -28,18 +28,22 @@ import datetime as dt
 import json
 import math
 import os
-import platform
+import shutil
 import signal
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script: benchmarks/ is the first entry, not its parent
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks._common import UtilizationSampler, machine  # noqa: E402
+
 # The 64 KernelBench v0 tasks of the earlier H200 replay (26 of level 1, 27 of level 2, 11 of level 3).
 TASKS_64 = [
     "kernelbench-v0:1:1,6,9,12,14,20,21,23,28,30,32,44,46,47,61,65,69,70,77,79,81,83,90,95,97,98",
@@ -48,89 +52,28 @@ TASKS_64 = [
 ]
 
 
-class GpuSampler:
-    """nvidia-smi's utilisation and memory of GPU 0 every `every` seconds, in a thread."""
-
-    def __init__(self, every: float = 2.0) -> None:
-        self.every = every
-        self.samples: list[tuple[float, int, int]] = []  # (seconds, util %, memory MiB)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._begin = time.monotonic()
-
-    def __enter__(self) -> GpuSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(10)
-
-    def _run(self) -> None:
-        query = [
-            "nvidia-smi",
-            "--query-gpu=utilization.gpu,memory.used",
-            "--format=csv,noheader,nounits",
-            "-i",
-            "0",
-        ]
-        while not self._stop.is_set():
-            try:
-                out = subprocess.run(query, capture_output=True, text=True, timeout=10).stdout.strip()
-                util, memory = (int(float(x)) for x in out.split(",")[:2])
-                self.samples.append((time.monotonic() - self._begin, util, memory))
-            except (OSError, ValueError, subprocess.TimeoutExpired):
-                pass
-            self._stop.wait(self.every)
-
-    def summary(self) -> dict[str, Any]:
-        utils = [u for _, u, _ in self.samples]
-        if not utils:
-            return {"samples": 0}
-        return {
-            "samples": len(utils),
-            "mean_util_pct": round(statistics.fmean(utils), 1),
-            "median_util_pct": statistics.median(utils),
-            "zero_util_samples": sum(1 for u in utils if u == 0),
-            "max_memory_mib": max(m for _, _, m in self.samples),
-        }
+def gpu_summary(sampler: UtilizationSampler) -> dict[str, Any]:
+    """The sampled utilisation of GPU 0 while a side ran."""
+    utils = sampler.samples
+    if not utils:
+        return {"samples": 0}
+    return {
+        "samples": len(utils),
+        "mean_util_pct": sampler.mean,
+        "median_util_pct": statistics.median(utils),
+        "zero_util_samples": sum(1 for u in utils if u == 0),
+    }
 
 
 def environment() -> dict[str, Any]:
-    info: dict[str, Any] = {"host": platform.node(), "python": platform.python_version()}
-    try:
-        import torch
-
-        info["torch"] = torch.__version__
-        if torch.cuda.is_available():
-            info["gpu"] = torch.cuda.get_device_name(0)
-    except ImportError:
-        pass
-    try:
-        info["driver"] = subprocess.run(
-            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        info["driver"] = None
-    info["commit"] = os.environ.get("KERNELFLEET_COMMIT") or _git("rev-parse", "HEAD")
+    """The machine (benchmarks._common.machine), the evaluator's version, and the sandbox used."""
     from kernelfleet.evaluator import EVALUATOR_VERSION
 
+    info = machine()
+    info["gpu"] = info["gpus"][0]["name"] if info["gpus"] else None
     info["evaluator"] = EVALUATOR_VERSION
-    info["bwrap"] = subprocess.run(
-        ["sh", "-c", "command -v bwrap"], capture_output=True, text=True
-    ).stdout.strip()
+    info["bwrap"] = shutil.which("bwrap") or ""
     return info
-
-
-def _git(*args: str) -> str | None:
-    try:
-        out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False)
-        return out.stdout.strip() or None
-    except OSError:
-        return None
 
 
 def _descendants(pid: int) -> list[int]:
@@ -270,7 +213,7 @@ def kernelbench_side(args: argparse.Namespace, names: list[str], rows: dict[str,
     results = work / "results.jsonl"
     results.unlink(missing_ok=True)
     started = time.monotonic()
-    with GpuSampler() as sampler:
+    with UtilizationSampler() as sampler:
         subprocess.run(
             [
                 sys.executable,
@@ -298,7 +241,7 @@ def kernelbench_side(args: argparse.Namespace, names: list[str], rows: dict[str,
         "seconds": round(seconds, 1),
         "per_gpu_hour": round(len(rows_out) / (seconds / 3600), 1) if rows_out else 0.0,
         "outcomes": dict(sorted(outcome.items())),
-        "gpu": sampler.summary(),
+        "gpu": gpu_summary(sampler),
     }
 
 
@@ -404,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(json.dumps({"killed": report["killed"]}, indent=1), flush=True)
     before = count_results(args.store, run)
-    with GpuSampler() as sampler:
+    with UtilizationSampler() as sampler:
         main_run = run_optimize(args, run, work / "optimize.log", expected=len(names))
     done = read_run(args.store, run)
     evaluated = done["evaluations"] - before
@@ -414,8 +357,8 @@ def main(argv: list[str] | None = None) -> int:
         verdicts=done["verdicts"],
         geomean_best=geomean_best(done["best"], len(names)),
         slowest_evaluation_s=done["slowest_evaluation_s"],
-        gpu=sampler.summary(),
-        utilisation=[u for _, u, _ in sampler.samples],
+        gpu=gpu_summary(sampler),
+        utilisation=sampler.samples,
     )
     report["optimize"] = main_run
     stamp = dt.date.today().isoformat() + (f"-{args.tag}" if args.tag else "")
